@@ -1,0 +1,55 @@
+"""CUDA backend: one process per NVIDIA GPU, NCCL collectives.
+
+The hardware touch points (`_cuda_device`, `_set_cuda_device`, `comm_backend` and the
+`torch.cuda` RNG calls) are small methods so that the simulator can swap them and run
+the rest of this logic unchanged on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from accel.backends.base import Backend
+from accel.utils.dataclasses import DistributedType
+
+
+class CUDABackend(Backend):
+    """NVIDIA GPUs through `torch.cuda`."""
+
+    name = "cuda"
+    comm_backend = "nccl"
+    autocast_device_type = "cuda"
+    multi_process_type = DistributedType.MULTI_GPU
+    priority = 10
+
+    @classmethod
+    def is_available(cls) -> bool:
+        return torch.cuda.is_available()
+
+    def device(self, local_rank: int) -> torch.device:
+        count = self.device_count()
+        if count == 0:
+            raise RuntimeError("CUDA backend selected but no GPU is visible; check CUDA_VISIBLE_DEVICES.")
+        return self._cuda_device(local_rank % count)
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
+    def _cuda_device(self, index: int) -> torch.device:
+        return torch.device("cuda", index)
+
+    def set_device(self, device: torch.device) -> None:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+
+    def manual_seed(self, seed: int) -> None:
+        torch.cuda.manual_seed_all(seed)
+
+    def get_rng_state(self) -> torch.Tensor:
+        return torch.cuda.get_rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        torch.cuda.set_rng_state(state)
+
+    def ddp_device_ids(self, device: torch.device) -> list[int] | None:
+        return [device.index] if device.type == "cuda" else None
