@@ -1,0 +1,1 @@
+"""Simulator: N real Gloo ranks on one machine, fake CUDA and XLA."""

@@ -1,0 +1,1 @@
+"""pytest plugin for multi-rank tests (see harness.plugin)."""

@@ -1,0 +1,1 @@
+"""pytest plugin entry point (pytest11): @distributed_test, rank fixtures, markers."""
