@@ -9,16 +9,6 @@ import torch.distributed as dist
 from accel.state import AcceleratorState, GradientState, PartialState, reset_state, split_inputs
 from accel.utils.dataclasses import DistributedType
 
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ACCEL_BACKEND")
-
-
-@pytest.fixture(autouse=True)
-def clean_state(monkeypatch):
-    for name in LAUNCH_VARS + ("ACCEL_DEBUG_MODE", "ACCEL_MIXED_PRECISION", "ACCEL_USE_CPU"):
-        monkeypatch.delenv(name, raising=False)
-    reset_state()
-    yield
-    reset_state(destroy_process_group=True)
 
 
 def test_single_process_defaults():
