@@ -1,0 +1,74 @@
+"""Simulated devices: what a rank process installs before it creates its process group.
+
+The launcher calls `prepare_rank(device)` once in each freshly started rank (after the
+launcher's environment variables are set, before `PartialState()`), and
+`reset_rank(device)` in a warm rank between tests. Each device is made of a backend in
+accel's registry, named by `ACCEL_BACKEND`, plus whatever the user's code must see:
+
+* "cpu": the real CPU backend, nothing faked.
+* "cuda": `accel.sim.fake_cuda` — the real CUDA backend on CPU tensors and Gloo, and
+  `torch.cuda` answering as on a host with LOCAL_WORLD_SIZE GPUs.
+* "xla": the stand-in `torch_xla` package in `fake_xla/`, put first on `sys.path` of
+  this process only, so that the real XLA backend imports it as it would on a TPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+from accel.backends import ENV_VAR, register_backend
+
+DEVICES = ("cpu", "cuda", "xla")
+
+#: directory holding the stand-in `torch_xla` package (on `sys.path` in xla ranks only)
+FAKE_XLA_PATH = str(Path(__file__).resolve().parent / "fake_xla")
+
+
+def _check(device: str) -> None:
+    if device not in DEVICES:
+        raise ValueError(f"unknown simulated device {device!r}; choose one of {', '.join(DEVICES)}")
+
+
+def prepare_rank(device: str) -> None:
+    """Install the simulated `device` in this rank process and point `ACCEL_BACKEND` at it."""
+    _check(device)
+    if device == "cpu":
+        os.environ[ENV_VAR] = "cpu"
+    elif device == "cuda":
+        from accel.sim import fake_cuda
+
+        fake_cuda.install()
+        register_backend(fake_cuda.SimCUDABackend, replace=True)
+        os.environ[ENV_VAR] = fake_cuda.SimCUDABackend.name
+    else:
+        _install_fake_xla()
+        os.environ[ENV_VAR] = "xla"
+
+
+def reset_rank(device: str) -> None:
+    """Between tests in a warm rank: put the simulated device back in its start-up state."""
+    _check(device)
+    if device == "cpu":
+        os.environ[ENV_VAR] = "cpu"
+    elif device == "cuda":
+        from accel.sim import fake_cuda
+
+        fake_cuda.reset()
+        os.environ[ENV_VAR] = fake_cuda.SimCUDABackend.name
+    else:
+        importlib.import_module("torch_xla._sim_state").reset()
+        os.environ[ENV_VAR] = "xla"
+
+
+def _install_fake_xla() -> None:
+    if FAKE_XLA_PATH not in sys.path:
+        sys.path.insert(0, FAKE_XLA_PATH)
+    importlib.invalidate_caches()
+    module = importlib.import_module("torch_xla")
+    if not getattr(module, "SIMULATED", False):
+        raise RuntimeError(f"a real torch_xla was already imported in this process ({module.__file__}); cannot simulate XLA")
+    # Registers the `xla` process-group backend and the `xla://` init method.
+    importlib.import_module("torch_xla.distributed.xla_backend")

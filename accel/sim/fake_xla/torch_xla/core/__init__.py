@@ -1,0 +1,1 @@
+"""`torch_xla.core` of the simulator (see `xla_model`)."""

@@ -1,0 +1,1 @@
+"""`torch_xla.distributed` of the simulator: the `xla` process group and the device loader."""
