@@ -1,0 +1,37 @@
+"""The `accel` command: `accel launch ...`, `accel env`.
+
+Each sub-command lives in its own module with `add_parser(subparsers)` and a `run(args)`
+returning the exit code; this module only wires them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from accel.commands import env, launch
+
+_COMMANDS = (launch, env)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `accel` command."""
+    parser = argparse.ArgumentParser(prog="accel", description="Run PyTorch training scripts on any hardware, or simulate it.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in _COMMANDS:
+        command.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `accel` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
