@@ -1,0 +1,821 @@
+"""`Accelerator`: the one object a training script talks to.
+
+It is a facade. Process topology and control come from `AcceleratorState`; every
+hardware question goes to the active backend (`state.hardware`); the wrappers live in
+their own modules (`accel.optimizer`, `accel.scheduler`, `accel.data_loader`), and so do
+checkpoints (`accel.checkpointing`), uneven inputs (`accel.joining`), model unwrapping
+(`accel.utils.modeling`), atomic saves and memory release (`accel.utils`).
+
+The per-step methods (`backward`, `accumulate`, the optimizer wrapper) do no collective
+and no copy beyond what DistributedDataParallel itself does, so a training step costs
+what a hand-written DDP loop costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from accel.optimizer import AcceleratedOptimizer, backend_reduces_gradients_in_step
+from accel.scheduler import AcceleratedScheduler
+from accel.state import AcceleratorState, GradientState, PartialState
+from accel.utils.dataclasses import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    FP8RecipeKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProfileKwargs,
+    ProjectConfiguration,
+)
+from accel.utils.modeling import extract_model_from_parallel, install_autocast_forward, is_compiled_module
+
+_AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_HANDLER_ATTRS = {
+    AutocastKwargs: "autocast_handler",
+    DistributedDataParallelKwargs: "ddp_handler",
+    GradScalerKwargs: "scaler_handler",
+    InitProcessGroupKwargs: "init_handler",
+    ProfileKwargs: "profile_handler",
+    FP8RecipeKwargs: "fp8_recipe_handler",
+}
+_UNSET: Any = object()
+
+
+class Accelerator:
+    """Prepare models, optimizers, schedulers and data loaders for the current hardware.
+
+    Args:
+        device_placement: move models and batches to the process's device.
+        split_batches: split each batch of the data loaders across processes instead of
+            giving each process its own batches (also in `dataloader_config`).
+        mixed_precision: "no", "fp16", "bf16" or "fp8" (default: `ACCEL_MIXED_PRECISION`).
+        gradient_accumulation_steps: number of batches whose gradients are accumulated
+            before an optimizer step (or pass `gradient_accumulation_plugin`).
+        cpu: force the CPU even where an accelerator is present.
+        dataloader_config: how data loaders are sharded (`DataLoaderConfiguration`).
+        rng_types: RNGs to synchronise at the start of each epoch of prepared data
+            loaders (default `["generator"]`).
+        log_with: experiment trackers; accel has none, so only None (or []) is accepted.
+        project_dir / project_config: where checkpoints go and how they are named.
+        gradient_accumulation_plugin: full control of accumulation (`GradientAccumulationPlugin`).
+        step_scheduler_with_optimizer: prepared schedulers follow the optimizer's real steps.
+        kwargs_handlers: `AutocastKwargs`, `DistributedDataParallelKwargs`,
+            `GradScalerKwargs`, `InitProcessGroupKwargs`, `ProfileKwargs`, `FP8RecipeKwargs`.
+        dispatch_batches / even_batches / use_seedable_sampler: shortcuts for the fields
+            of `dataloader_config`.
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = _UNSET,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: Sequence[KwargsHandler] | None = None,
+        dispatch_batches: bool | None = _UNSET,
+        even_batches: bool = _UNSET,
+        use_seedable_sampler: bool = _UNSET,
+    ) -> None:
+        if log_with not in (None, [], ()):
+            raise ValueError(
+                f"log_with={log_with!r}: accel has no experiment trackers; pass log_with=None and log with your "
+                "tracker's own API on the main process (`if accelerator.is_main_process: ...`)"
+            )
+        self._set_handlers(kwargs_handlers)
+        self.dataloader_config = _merge_dataloader_config(
+            dataloader_config,
+            split_batches=split_batches,
+            dispatch_batches=dispatch_batches,
+            even_batches=even_batches,
+            use_seedable_sampler=use_seedable_sampler,
+        )
+        self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(os.fspath(project_dir))
+
+        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True, **init_kwargs)
+        self._hardware = self.state.hardware
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+
+        self.gradient_state = GradientState(
+            gradient_accumulation_plugin=_accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
+        )
+        self._setup_mixed_precision()
+
+        self.step = 0  # batches since the last gradient synchronisation (see accumulate)
+        self.flag_tensor: torch.Tensor | None = None
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[Any] = []
+        self._custom_objects: list[Any] = []
+
+    def _set_handlers(self, kwargs_handlers: Sequence[KwargsHandler] | None) -> None:
+        for attr in _HANDLER_ATTRS.values():
+            setattr(self, attr, None)
+        for handler in kwargs_handlers or []:
+            attr = _HANDLER_ATTRS.get(type(handler))
+            if attr is None:
+                raise ValueError(
+                    f"kwargs_handlers got {handler!r}; the handlers Accelerator uses are "
+                    f"{sorted(cls.__name__ for cls in _HANDLER_ATTRS)}"
+                )
+            if getattr(self, attr) is not None:
+                raise ValueError(f"kwargs_handlers got more than one {type(handler).__name__}; pass one")
+            setattr(self, attr, handler)
+
+    def _setup_mixed_precision(self) -> None:
+        precision = self.state.mixed_precision
+        self._autocast_dtype = _AUTOCAST_DTYPES.get(precision)
+        autocast_kwargs = self.autocast_handler.to_kwargs() if self.autocast_handler is not None else {}
+        self._autocast_enabled = autocast_kwargs.pop("enabled", True)
+        self._autocast_kwargs = autocast_kwargs
+        self.fp8_engine = None
+        if precision == "fp8":
+            from accel.utils.fp8 import find_fp8_engine
+
+            recipe = self.fp8_recipe_handler
+            self.fp8_engine = find_fp8_engine(recipe.backend if recipe is not None else None)
+        self.scaler = None
+        if precision == "fp16":
+            scaler_kwargs = self.scaler_handler.to_kwargs() if self.scaler_handler is not None else {}
+            self.scaler = self._hardware.grad_scaler(**scaler_kwargs)
+
+    # -- state, forwarded ------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> Any:
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on one process only."""
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True on one process per machine."""
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.state.mixed_precision
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """Number of the next automatically named checkpoint."""
+        return self.project_configuration.iteration
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether this step synchronises gradients (the end of an accumulation window)."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(value)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {value!r}")
+        self.gradient_state.plugin_kwargs["num_steps"] = value
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow) by any prepared optimizer."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    # -- process control, forwarded to the state -------------------------------------------
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` once per machine (on the local main process)."""
+        self.state.print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point (no-op on one process)."""
+        self.state.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager:
+        """Run the block on the main process first, then on the others."""
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager:
+        """Run the block on each machine's local main process first, then on the others."""
+        return self.state.local_main_process_first()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager:
+        """Give this process its share of `inputs` (see `PartialState.split_between_processes`)."""
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: Callable | None = None) -> Callable:
+        """Decorator: run on the main process only."""
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable | None = None) -> Callable:
+        """Decorator: run on each machine's local main process only."""
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable | None = None) -> Callable:
+        """Decorator: run on the last process only."""
+        return self.state.on_last_process(function)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Callable:
+        """Decorator: run on the process of global index `process_index` only."""
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None) -> Callable:
+        """Decorator: run on the process of local index `local_process_index` only."""
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    # -- prepare -------------------------------------------------------------------------------
+
+    def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and data loaders; return them in the order given.
+
+        Anything else is returned unchanged. Schedulers are prepared after the optimizers
+        they drive, whatever the order of the arguments. `device_placement` optionally
+        gives, per argument, whether to move it to the device.
+        """
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects to prepare")
+        result = [self._prepare_one(obj, placement, schedulers=False) for obj, placement in zip(args, device_placement)]
+        result = [self._prepare_one(obj, None, schedulers=True) for obj in result]
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj: Any, placement: bool | None, schedulers: bool) -> Any:
+        if getattr(obj, "_is_accel_prepared", False):
+            return obj
+        if schedulers:
+            if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+                return self.prepare_scheduler(obj)
+            return obj
+        if isinstance(obj, torch.utils.data.DataLoader):
+            return self.prepare_data_loader(obj, device_placement=placement)
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=placement)
+        return obj
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
+        """Place `model` on the device, apply mixed precision and wrap it for data parallelism.
+
+        The wrapping is the backend's (DistributedDataParallel on CPU/GPU with the
+        `DistributedDataParallelKwargs` and its communication hook; unchanged on XLA). A
+        `torch.compile`d model keeps its compiled wrapper around the wrapped module.
+        `evaluation_mode=True` skips the data-parallel wrapper.
+        """
+        if device_placement is None:
+            device_placement = self.device_placement
+        compiled = model if is_compiled_module(model) else None
+        inner = compiled._orig_mod if compiled is not None else model
+        if device_placement:
+            inner.to(self.device)
+        if self._autocast_dtype is not None:
+            install_autocast_forward(inner, self._autocast_context)
+        if self.fp8_engine is not None:
+            from accel.utils.fp8 import convert_model_to_fp8
+
+            convert_model_to_fp8(inner, self.fp8_engine, self.fp8_recipe_handler)
+        if not evaluation_mode and self.use_distributed and any(p.requires_grad for p in inner.parameters()):
+            ddp_kwargs = self.ddp_handler.to_kwargs() if self.ddp_handler is not None else {}
+            wrapped = self._hardware.wrap_model(inner, self.device, ddp_kwargs)
+            if wrapped is not inner and self.ddp_handler is not None and hasattr(wrapped, "register_comm_hook"):
+                self.ddp_handler.register_comm_hook(wrapped)
+            inner = wrapped
+        if compiled is not None:
+            compiled._orig_mod = inner
+            # Rebuild the compiled forward around the new inner module.
+            compiled._initialize()
+            result = compiled
+        else:
+            result = inner
+        _mark_prepared(result)
+        self._models.append(result)
+        return result
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+        """Wrap `optimizer` in an `AcceleratedOptimizer` (accumulation-aware, fp16 scaler)."""
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        if device_placement is None:
+            device_placement = self.device_placement
+        wrapped = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
+        _mark_prepared(wrapped)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap `scheduler` so it follows the real steps of the optimizer it drives."""
+        if isinstance(scheduler, AcceleratedScheduler):
+            return scheduler
+        target = getattr(scheduler, "optimizer", None)
+        optimizers = [opt for opt in self._optimizers if opt is target or opt.optimizer is target] or self._optimizers
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        _mark_prepared(wrapped)
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None, slice_fn_for_dispatch: Callable | None = None) -> Any:
+        """Shard `data_loader` across processes (see `accel.data_loader.prepare_data_loader`)."""
+        from accel.data_loader import prepare_data_loader
+
+        if device_placement is None:
+            device_placement = self.device_placement
+        config = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=config.split_batches,
+            put_on_device=device_placement,
+            rng_types=list(self.rng_types),
+            dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=config.use_seedable_sampler,
+            non_blocking=config.non_blocking,
+        )
+        _mark_prepared(prepared)
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader that skips the first `num_batches` batches of `dataloader` (resuming mid-epoch)."""
+        from accel.data_loader import skip_first_batches
+
+        return skip_first_batches(dataloader, num_batches=num_batches)
+
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = False) -> torch.nn.Module:
+        """The user's module inside the wrappers added by `prepare` (DDP) and by `torch.compile`."""
+        return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The state dict of `model` without the wrappers' key prefixes."""
+        return (self.unwrap_model(model) if unwrap else model).state_dict()
+
+    # -- the training step -------------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """`loss.backward()`, divided by the accumulation steps and scaled for fp16."""
+        steps = self.gradient_state.num_steps
+        if steps != 1:
+            loss = loss / steps
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def _do_sync(self) -> None:
+        gradient_state = self.gradient_state
+        if gradient_state.sync_with_dataloader and gradient_state.end_of_dataloader:
+            self.step = 0
+            gradient_state._set_sync_gradients(True)
+        else:
+            self.step += 1
+            gradient_state._set_sync_gradients(self.step % gradient_state.num_steps == 0)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skip the gradient synchronisation of `model` in this block (accumulating locally)."""
+        context = getattr(model, "no_sync", None) if self.use_distributed else None
+        if context is None:
+            yield
+            return
+        with context():
+            yield
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """One batch of gradient accumulation.
+
+        Counts the batch and sets `sync_gradients`: True at the end of each window of
+        `gradient_accumulation_steps` batches and at the end of the data loader (with
+        `sync_with_dataloader`). Inside a window, `models` skip their gradient
+        synchronisation (unless `sync_each_batch`), and the prepared optimizers do not
+        step or zero.
+        """
+        self._do_sync()
+        if self.gradient_state.sync_gradients or self.gradient_state.sync_each_batch or not self.use_distributed:
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            for model in models:
+                stack.enter_context(self.no_sync(model))
+            yield
+
+    def _autocast_context(self) -> contextlib.AbstractContextManager:
+        return self._hardware.autocast(self._autocast_dtype, enabled=self._autocast_enabled, **self._autocast_kwargs)
+
+    @contextlib.contextmanager
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
+        """Run the block in the mixed precision chosen (no-op with "no"); `autocast_handler` overrides."""
+        if self._autocast_dtype is None:
+            yield
+            return
+        if autocast_handler is None:
+            context = self._autocast_context()
+        else:
+            kwargs = autocast_handler.to_kwargs()
+            enabled = kwargs.pop("enabled", True)
+            context = self._hardware.autocast(self._autocast_dtype, enabled=enabled, **kwargs)
+        with context:
+            yield
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Make gradients final before inspecting them: averaged where the backend averages late,
+        divided by the fp16 loss scale. Only at a synchronisation step (inside a window the
+        gradients are still being accumulated)."""
+        if not self.gradient_state.sync_gradients:
+            return
+        optimizers = self._optimizers if optimizer is None else optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        for opt in optimizers:
+            if isinstance(opt, AcceleratedOptimizer):
+                opt.unscale_gradients()
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """`torch.nn.utils.clip_grad_norm_` on the final (unscaled) gradients; returns the total norm."""
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """`torch.nn.utils.clip_grad_value_` on the final (unscaled) gradients."""
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # -- collectives ----------------------------------------------------------------------------
+
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate `tensor` (or a nested structure of tensors) of every process on dim 0."""
+        from accel.utils.operations import gather
+
+        return gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """`gather`, minus the samples the data loader duplicated to even out the last batch."""
+        from accel.utils.metrics import gather_for_metrics
+
+        return gather_for_metrics(input_data, use_gather_object=use_gather_object)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce `tensor` across processes ("sum" or "mean"), times `scale`."""
+        from accel.utils.operations import reduce
+
+        return reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """Pad tensors to the largest size across processes along `dim`, so they can be gathered."""
+        from accel.utils.operations import pad_across_processes
+
+        return pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process that `check_trigger` will see on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called `set_trigger` since the last check (a collective; resets the flag)."""
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        flag = self.flag_tensor.clone()
+        if self.use_distributed:
+            self._hardware.all_reduce(flag, "sum")
+        if int(flag.item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: Sequence[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Let processes with fewer batches finish instead of hanging the others.
+
+        Where models are DistributedDataParallel (the backend `supports_join()`), this is
+        PyTorch's `Join` over `joinables`; elsewhere (XLA) accel joins at the optimizer
+        step (see `accel.joining`). `even_batches` temporarily overrides that setting of
+        the prepared data loaders, so that they really yield uneven batches inside.
+        """
+        if not self.use_distributed:
+            with self._override_even_batches(even_batches):
+                yield
+            return
+        from accel.joining import join_ddp_models, join_optimizer_steps
+
+        if self._hardware.supports_join():
+            join = join_ddp_models(joinables)
+        else:
+            join = join_optimizer_steps(self._optimizers, self._hardware)
+        with self._override_even_batches(even_batches), join:
+            yield
+
+    @contextlib.contextmanager
+    def _override_even_batches(self, even_batches: bool | None) -> Iterator[None]:
+        if even_batches is None:
+            yield
+            return
+        samplers = []
+        for loader in self._dataloaders:
+            sampler = getattr(loader, "batch_sampler", None)
+            if not hasattr(sampler, "even_batches"):
+                raise ValueError(
+                    "join_uneven_inputs(even_batches=...) only applies to data loaders over map-style datasets "
+                    f"(a batch sampler with `even_batches`); {type(loader).__name__} has none"
+                )
+            samplers.append((sampler, sampler.even_batches))
+        for sampler, _ in samplers:
+            sampler.even_batches = even_batches
+        try:
+            yield
+        finally:
+            for sampler, previous in samplers:
+                sampler.even_batches = previous
+
+    # -- saving ------------------------------------------------------------------------------------
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """Save `obj` once per machine (on its local main process), atomically.
+
+        Tensors are moved to the CPU first. `safe_serialization=True` writes a
+        safetensors file (a flat dict of tensors) instead of a pickle.
+        """
+        if not self.is_local_main_process:
+            return
+        from accel.checkpointing import to_cpu
+        from accel.utils.save import atomic_save
+
+        if safe_serialization:
+            try:
+                from safetensors.torch import save as safetensors_bytes
+            except ImportError as error:
+                raise ImportError("save(safe_serialization=True) needs safetensors: pip install safetensors") from error
+
+            def writer(value: Any, handle: Any) -> None:
+                handle.write(safetensors_bytes({k: v.contiguous() for k, v in value.items()}))
+
+            atomic_save(to_cpu(obj), f, writer)
+            return
+        atomic_save(to_cpu(obj), f)
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Have `save_state` / `load_state` include `objects` (each needs `state_dict` and `load_state_dict`)."""
+        invalid = [
+            f"#{i} ({type(obj).__name__})"
+            for i, obj in enumerate(objects)
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))
+        ]
+        if invalid:
+            raise ValueError(
+                "register_for_checkpointing needs objects with `state_dict()` and `load_state_dict()`; "
+                f"these have not: {', '.join(invalid)}"
+            )
+        self._custom_objects.extend(objects)
+
+    def save_state(self, output_dir: str | os.PathLike | None = None) -> str:
+        """Save everything needed to resume training exactly: returns the checkpoint folder.
+
+        Models, optimizers, schedulers, the fp16 scaler, registered objects, every
+        process's RNG states and data-loader positions (see `accel.checkpointing`). With
+        `ProjectConfiguration(automatic_checkpoint_naming=True)` the folder is
+        `project_dir/checkpoints/checkpoint_<n>`, and only the newest `total_limit` are kept.
+        """
+        from accel import checkpointing
+
+        config = self.project_configuration
+        if config.automatic_checkpoint_naming:
+            if config.project_dir is None:
+                raise ValueError("automatic_checkpoint_naming needs a project_dir (Accelerator(project_dir=...))")
+            output_dir = checkpointing.automatic_checkpoint_dir(config.project_dir, config.iteration)
+            if os.path.exists(output_dir):
+                raise ValueError(
+                    f"checkpoint folder {output_dir} already exists; set ProjectConfiguration(iteration=...) past it "
+                    "or load_state() it first"
+                )
+        elif output_dir is None:
+            raise ValueError("save_state() needs output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
+        output_dir = os.fspath(output_dir)
+        # Everyone has checked the folder before the main process creates it.
+        self.wait_for_everyone()
+        writes_shared = self.is_main_process or (config.save_on_each_node and self.is_local_main_process)
+        if writes_shared:
+            if config.automatic_checkpoint_naming:
+                checkpointing.prune_checkpoints(config.project_dir, config.total_limit)
+            os.makedirs(output_dir, exist_ok=True)
+        self.wait_for_everyone()
+        os.makedirs(output_dir, exist_ok=True)  # a machine without the shared filesystem
+        rng_state = checkpointing.capture_rng_state(self._hardware)
+        rng_state["accumulation_step"] = self.step
+        checkpointing.save_checkpoint(
+            output_dir,
+            model_states=[self.get_state_dict(m) for m in self._models] if writes_shared else [],
+            optimizers=self._optimizers,
+            schedulers=self._schedulers,
+            dataloaders=self._dataloaders,
+            custom_objects=self._custom_objects,
+            scaler=self.scaler,
+            rng_state=rng_state,
+            process_index=self.process_index,
+            write_shared=writes_shared,
+        )
+        if config.automatic_checkpoint_naming:
+            config.iteration += 1
+        self.wait_for_everyone()
+        return output_dir
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True) -> str:
+        """Restore what `save_state` saved into the prepared objects; returns the folder read.
+
+        Without `input_dir`, automatic naming loads the newest `checkpoint_<n>` and makes
+        the next save number `n + 1`.
+        """
+        from accel import checkpointing
+
+        config = self.project_configuration
+        if input_dir is None:
+            if not config.automatic_checkpoint_naming or config.project_dir is None:
+                raise ValueError("load_state() needs input_dir, or automatic checkpoint naming with a project_dir")
+            found = checkpointing.numbered_checkpoints(config.project_dir)
+            if not found:
+                raise FileNotFoundError(f"no checkpoint_<n> folder under {os.path.join(config.project_dir, 'checkpoints')}")
+            number, input_dir = found[-1]
+            config.iteration = number + 1
+        input_dir = os.fspath(input_dir)
+        checkpointing.load_checkpoint(
+            input_dir,
+            models=[self.unwrap_model(m) for m in self._models],
+            optimizers=self._optimizers,
+            schedulers=self._schedulers,
+            dataloaders=self._dataloaders,
+            custom_objects=self._custom_objects,
+            scaler=self.scaler,
+            hardware=self._hardware,
+            process_index=self.process_index,
+            strict=strict,
+        )
+        rng_path = os.path.join(input_dir, f"{checkpointing.RNG_STATE_NAME}_{self.process_index}.pkl")
+        if os.path.exists(rng_path):
+            self.step = checkpointing.load_file(rng_path).get("accumulation_step", 0)
+        return input_dir
+
+    # -- the rest -------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """Profile the block with `torch.profiler` configured by `ProfileKwargs`; yields the profiler.
+
+        With `output_trace_dir`, each process writes a Chrome trace `profile_<rank>.json` there.
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is not None:
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
+        self.wait_for_everyone()
+
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forget every prepared object, collect garbage and release cached device memory.
+
+        Returns `[None] * len(objects)` so that callers can drop their own references:
+        `model, optimizer = accelerator.free_memory(model, optimizer)`.
+        """
+        from accel.utils.memory import free_memory
+
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self._custom_objects.clear()
+        self.step = 0
+        return free_memory(*objects, hardware=self._hardware)
+
+    clear = free_memory
+
+    def end_training(self) -> None:
+        """Wait for every process, then tear down the process group accel created.
+
+        A process group adopted from the user (or a launcher that made it) is left to its
+        owner.
+        """
+        self.wait_for_everyone()
+        if not getattr(self.state, "adopted_process_group", False):
+            self.state.destroy_process_group()
+
+    def __repr__(self) -> str:
+        return f"Accelerator(\n{self.state!r}{self.gradient_state!r})"
+
+
+def _mark_prepared(obj: Any) -> None:
+    # Objects without a __dict__ (slots) cannot be marked; preparing them twice is then the caller's choice.
+    if hasattr(obj, "__dict__"):
+        obj._is_accel_prepared = True
+
+
+def _accumulation_plugin(plugin: GradientAccumulationPlugin | None, steps: int) -> GradientAccumulationPlugin:
+    if plugin is not None:
+        if steps != 1:
+            raise ValueError(
+                "pass either gradient_accumulation_steps or gradient_accumulation_plugin (with num_steps), not both"
+            )
+        return plugin
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
+    return GradientAccumulationPlugin(num_steps=steps)
+
+
+def _merge_dataloader_config(config: DataLoaderConfiguration | None, **shortcuts: Any) -> DataLoaderConfiguration:
+    config = config if config is not None else DataLoaderConfiguration()
+    for name, value in shortcuts.items():
+        if value is _UNSET:
+            continue
+        default = getattr(DataLoaderConfiguration, name, None)
+        current = getattr(config, name)
+        if current != default and current != value:
+            raise ValueError(f"{name}={value!r} conflicts with dataloader_config.{name}={current!r}; set it in one place")
+        setattr(config, name, value)
+    return config

@@ -1,0 +1,106 @@
+"""Training with uneven inputs: ranks with fewer batches wait for the others instead of hanging.
+
+Where the hardware wraps models in `DistributedDataParallel` (the backend's
+`supports_join()` is True), PyTorch's own `Join` context does it: a rank that ran out
+of batches shadows the collectives of the others' forward and backward passes.
+
+Where it does not (XLA: no DDP; gradients are reduced inside the backend's
+`optimizer_step`), accel joins the optimizer step itself with the same `Join`
+machinery: every real step first tells the join context that this rank is still
+training, and a rank that ran out of batches answers each such step of the others by
+taking a step with zero gradients. Its gradient reduction then matches theirs, so
+nobody hangs; it receives the same averaged gradients and applies the same update, so
+its model stays identical to the others'. The averaged gradients are, as with DDP's
+join, divided by the full number of processes. Constraint of this fallback: every
+prepared optimizer steps once per training step, in the order they were prepared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Sequence
+
+import torch
+
+
+def _join_classes() -> tuple[type, type, type]:
+    from torch.distributed.algorithms.join import Join, Joinable, JoinHook
+
+    return Join, Joinable, JoinHook
+
+
+def _make_step_joinable(optimizers: Sequence[Any], hardware: Any) -> Any:
+    """A `Joinable` whose shadow of one training step is a zero-gradient step of each optimizer."""
+    _, Joinable, JoinHook = _join_classes()
+
+    class _ShadowStep(JoinHook):
+        def main_hook(self) -> None:
+            for opt in optimizers:
+                inner = opt.optimizer
+                for group in inner.param_groups:
+                    for param in group["params"]:
+                        if param.requires_grad:
+                            param.grad = torch.zeros_like(param)
+                hardware.optimizer_step(inner)
+                inner.zero_grad(set_to_none=True)
+
+    class OptimizerStepJoinable(Joinable):
+        def __init__(self) -> None:
+            super().__init__()
+
+        def join_hook(self, **kwargs: Any) -> Any:
+            return _ShadowStep()
+
+        @property
+        def join_device(self) -> torch.device:
+            # The join bookkeeping is a CPU tensor on a Gloo-capable group.
+            return torch.device("cpu")
+
+        @property
+        def join_process_group(self) -> Any:
+            return hardware.object_group()
+
+    return OptimizerStepJoinable()
+
+
+@contextlib.contextmanager
+def join_optimizer_steps(optimizers: Sequence[Any], hardware: Any) -> Iterator[None]:
+    """Join uneven inputs at the optimizer step (for hardware without DDP join, see module doc)."""
+    if not optimizers:
+        raise ValueError(
+            "join_uneven_inputs on this hardware joins at the optimizer step: prepare an optimizer with "
+            "Accelerator.prepare() before entering it"
+        )
+    Join, _, _ = _join_classes()
+    joinable = _make_step_joinable(optimizers, hardware)
+    first = optimizers[0]
+
+    def notify(optimizer: Any) -> None:
+        # One notification per training step: when the first optimizer steps.
+        if optimizer is first:
+            work = Join.notify_join_context(joinable)
+            if work is not None:
+                work.wait()
+
+    for opt in optimizers:
+        opt._join_notify = notify
+    try:
+        with Join([joinable]):
+            yield
+    finally:
+        for opt in optimizers:
+            opt._join_notify = None
+
+
+@contextlib.contextmanager
+def join_ddp_models(models: Sequence[Any], **join_kwargs: Any) -> Iterator[None]:
+    """PyTorch's `Join` over the prepared models that support it (DistributedDataParallel)."""
+    Join, Joinable, _ = _join_classes()
+    joinables = [m for m in models if isinstance(m, Joinable)]
+    if not joinables:
+        raise ValueError(
+            "join_uneven_inputs needs a model prepared with Accelerator.prepare() on several processes "
+            "(a DistributedDataParallel model); none was found among the joinables given"
+        )
+    with Join(joinables, **join_kwargs):
+        yield
