@@ -68,10 +68,10 @@ def is_master_ordinal(local: bool = True) -> bool:
     return (get_local_ordinal() if local else get_ordinal()) == 0
 
 
-def master_print(*args: Any, fd: Any = sys.stdout, finalize: bool = False) -> None:
-    """`print` on the global master replica only."""
+def master_print(*args: Any, fd: Any = None, finalize: bool = False) -> None:
+    """`print` (to `fd`, default the current `sys.stdout`) on the global master replica only."""
     if is_master_ordinal(local=False):
-        print(*args, file=fd, flush=True)
+        print(*args, file=sys.stdout if fd is None else fd, flush=True)
 
 
 # -- collectives ---------------------------------------------------------------------------

@@ -44,7 +44,7 @@ class PerDeviceLoader:
         if self._iterator is None:
             iter(self)
         if self._batches:
-            # The real loader cuts the graph between batches.
+            # Like the real loader: the step of the previous batch is cut when the next is asked for.
             xm.mark_step()
         batch = next(self._iterator)
         self._batches += 1

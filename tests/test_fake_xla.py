@@ -1,0 +1,253 @@
+"""Fake XLA: the stand-in `torch_xla` on real simulated ranks, and the real XLA backend on it.
+
+One probe per world size runs every `xla_model` function, the runtime, the `xla` process
+group, `MpDeviceLoader` and `XLABackend`'s methods in each rank; the tests assert on what
+every rank saw. `torch_xla` must stay unimportable in this (non-rank) process.
+"""
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from accel.sim.devices import FAKE_XLA_PATH
+
+
+def _rank_main(rank, world_size, port, device, fn, args, queue):
+    import os
+    import traceback
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        from accel.sim.devices import prepare_rank
+
+        prepare_rank(device)
+        queue.put((rank, True, fn(*args)))
+    except BaseException:
+        queue.put((rank, False, traceback.format_exc()))
+
+
+def launch(fn, args=(), world_size=2, device="xla", timeout=60):
+    """Stand-in for accel.sim.launch while it is being written: spawned ranks, a timeout that reports."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, device, fn, args, queue)) for r in range(world_size)]
+    for proc in procs:
+        proc.start()
+    try:
+        results = dict((r, (ok, v)) for r, ok, v in (queue.get(timeout=timeout) for _ in procs))
+    finally:
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+    failed = {r: v for r, (ok, v) in results.items() if not ok}
+    assert not failed, "\n".join(f"rank {r}:\n{tb}" for r, tb in failed.items())
+    return [results[r][1] for r in range(world_size)]
+
+
+def test_torch_xla_is_not_importable_outside_simulated_ranks():
+    import accel.sim.devices  # noqa: F401  (importing the simulator must not install anything)
+
+    assert importlib.util.find_spec("torch_xla") is None
+    assert FAKE_XLA_PATH not in sys.path and "torch_xla" not in sys.modules
+
+
+def test_unknown_device_is_refused():
+    from accel.sim.devices import DEVICES, prepare_rank, reset_rank
+
+    assert DEVICES == ("cpu", "cuda", "xla")
+    for call in (prepare_rank, reset_rank):
+        with pytest.raises(ValueError, match="cpu, cuda, xla"):
+            call("tpu")
+
+
+def xla_probe(tmp_dir):
+    """Runs in every rank: each torch_xla function the simulator offers, and accel's XLA backend."""
+    import contextlib
+    import io
+    import os
+
+    import torch.distributed as dist
+
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+    from accel.sim.devices import reset_rank
+    from accel.state import PartialState
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    state = PartialState()
+    hw = state.hardware
+    rank, world = xm.get_ordinal(), xm.xrt_world_size()
+    seen = {
+        "simulated": torch_xla.SIMULATED,
+        "type": str(state.distributed_type),
+        "hw": type(hw).__name__,
+        "pg_backend": dist.get_backend(),
+        "device": str(xm.xla_device()),
+        "state_device": str(state.device),
+        "hw_kind": xm.xla_device_hw(xm.xla_device()),
+        "ordinals": (rank, xm.get_local_ordinal(), world, xm.is_master_ordinal(), xm.is_master_ordinal(local=False)),
+        "runtime": (xr.global_ordinal(), xr.local_ordinal(), xr.world_size(), xr.local_process_count(), xr.device_type()),
+    }
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        xm.master_print("hello", rank)
+    seen["printed"] = printed.getvalue()
+
+    mine = torch.tensor([[rank, rank + 0.5]])
+    seen["gather0"] = xm.all_gather(mine, dim=0).tolist()
+    seen["gather1"] = xm.all_gather(mine, dim=1).tolist()
+    out = torch.empty(world, 2)
+    seen["gather_out"] = xm.all_gather(mine, output=out) is out and out.tolist() == seen["gather0"]
+    value = torch.tensor([rank + 1.0])
+    seen["reduce"] = {
+        kind: xm.all_reduce(kind, value).item()
+        for kind in (xm.REDUCE_SUM, xm.REDUCE_MUL, xm.REDUCE_MIN, xm.REDUCE_MAX)
+    }
+    seen["reduce_bits"] = (
+        xm.all_reduce(xm.REDUCE_AND, torch.tensor([3 | (1 << (rank + 2))])).item(),
+        xm.all_reduce(xm.REDUCE_OR, torch.tensor([1 << rank])).item(),
+    )
+    seen["input_untouched"] = value.item() == rank + 1.0
+    seen["scaled"] = xm.all_reduce(xm.REDUCE_SUM, value, scale=1.0 / world).item()
+    pair = [torch.tensor([1.0]), torch.tensor([float(rank)])]
+    returned = xm.all_reduce(xm.REDUCE_SUM, pair)
+    seen["in_place"] = (returned is pair, [t.item() for t in pair])
+    with pytest.raises(ValueError, match="reduce_type"):
+        xm.all_reduce("avg", value)
+    with pytest.raises(NotImplementedError, match="groups"):
+        xm.all_reduce(xm.REDUCE_SUM, value, groups=[[0, 1]])
+    target = [torch.full((2,), float(rank))]
+    xm.collective_broadcast(target, root_ordinal=world - 1)
+    seen["broadcast"] = target[0].tolist()
+    seen["rendezvous"] = xm.rendezvous("probe", f"r{rank}".encode())
+    seen["mesh"] = xm.mesh_reduce("mesh", {"r": rank}, lambda items: sorted(item["r"] for item in items))
+    try:
+        xm.rendezvous(f"tag-of-{rank}")
+    except RuntimeError as error:
+        seen["tag_mismatch"] = str(error)
+
+    # optimizer_step averages gradients over replicas, then steps.
+    param = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.SGD([param], lr=1.0)
+    (param * (rank + 1)).sum().backward()
+    xm.optimizer_step(optimizer)
+    seen["param"] = param.detach().tolist()
+
+    steps_before = torch_xla._sim_state.steps
+    xm.mark_step()
+    torch_xla.sync()
+    seen["steps"] = torch_xla._sim_state.steps - steps_before
+
+    path = os.path.join(tmp_dir, "saved.pt")
+    xm.save({"w": torch.tensor([float(rank)])}, path)  # master only, then everyone waits
+    seen["saved"] = torch.load(path)["w"].item()
+
+    xm.set_rng_state(77)
+    seen["rng"] = xm.get_rng_state()
+
+    loader = torch.utils.data.DataLoader(torch.arange(10.0), batch_size=4)
+    device_loader = MpDeviceLoader(loader, xm.xla_device())
+    before = torch_xla._sim_state.steps
+    batches = [batch.tolist() for batch in device_loader]
+    seen["loader"] = (len(device_loader), batches, torch_xla._sim_state.steps - before)
+
+    # accel's real XLA backend on top of it.
+    gathered = torch.empty(world)
+    hw.all_gather_into(gathered, torch.tensor([float(rank)]))
+    seen["hw_gather"] = gathered.tolist()
+    seen["hw_reduce"] = hw.all_reduce(torch.tensor([float(rank)]), op="max").item()
+    seen["hw_broadcast"] = hw.broadcast(torch.tensor([float(rank)]), src=1).item()
+    seen["hw_objects"] = hw.all_gather_object(rank)
+    seen["hw_bcast_objects"] = hw.broadcast_object_list([rank], src=1)
+    hw.barrier()
+    seen["hw_loader"] = type(hw.wrap_dataloader(loader, state.device)).__name__
+    model = torch.nn.Linear(2, 1)
+    seen["hw_model_unwrapped"] = hw.wrap_model(model, state.device, {}) is model
+    hw.manual_seed(5)
+    seen["hw_rng"] = (xm.get_rng_state(), hw.get_rng_state().item())
+    hw.set_rng_state(torch.tensor(9))
+    seen["hw_rng_set"] = xm.get_rng_state()
+
+    reset_rank("xla")
+    seen["after_reset"] = (xm.get_rng_state(), torch_xla._sim_state.steps, os.environ["ACCEL_BACKEND"])
+
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    calls = []
+    xmp.spawn(lambda index, tag: calls.append((index, tag)), args=("go",))
+    seen["spawn"] = calls
+    dist.barrier()
+    return seen
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def probed(request, tmp_path_factory):
+    world = request.param
+    return world, launch(xla_probe, args=(str(tmp_path_factory.mktemp("xla")),), world_size=world)
+
+
+def test_state_and_topology(probed):
+    world, seen = probed
+    for rank, s in enumerate(seen):
+        assert s["simulated"] and s["type"] == "XLA" and s["hw"] == "XLABackend"
+        assert s["pg_backend"] == "xla" and s["device"] == s["state_device"] == "cpu"
+        assert s["hw_kind"] == "TPU"
+        assert s["ordinals"] == (rank, rank, world, rank == 0, rank == 0)
+        assert s["runtime"] == (rank, rank, world, world, "TPU")
+        assert s["printed"] == ("hello 0\n" if rank == 0 else "")
+
+
+def test_xla_model_collectives(probed):
+    world, seen = probed
+    factorial = 1
+    for n in range(2, world + 1):
+        factorial *= n
+    bits_and = 3 & min((1 << (r + 2)) | 3 for r in range(world))
+    for rank, s in enumerate(seen):
+        assert s["gather0"] == [[r, r + 0.5] for r in range(world)]
+        assert s["gather1"] == [[v for r in range(world) for v in (r, r + 0.5)]]
+        assert s["gather_out"]
+        assert s["reduce"] == {"sum": world * (world + 1) / 2, "mul": factorial, "min": 1, "max": world}
+        assert s["reduce_bits"] == (bits_and, (1 << world) - 1)
+        assert s["input_untouched"] and s["scaled"] == pytest.approx((world + 1) / 2)
+        assert s["in_place"] == (True, [world, world * (world - 1) / 2])
+        assert s["broadcast"] == [world - 1.0] * 2
+        assert s["rendezvous"] == [f"r{r}".encode() for r in range(world)]
+        assert s["mesh"] == list(range(world))
+        assert "different tags" in s["tag_mismatch"]
+
+
+def test_training_helpers(probed):
+    world, seen = probed
+    mean_grad = (world + 1) / 2
+    for s in seen:
+        assert s["param"] == [-mean_grad] * 3
+        assert s["steps"] == 2
+        assert s["saved"] == 0.0  # written by the master replica only
+        assert s["rng"] == 77
+        # 3 batches of a 10-item loader, the step of each cut when the next is asked for
+        assert s["loader"] == (3, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], 3)
+
+
+def test_accel_xla_backend_runs_unchanged(probed):
+    world, seen = probed
+    for rank, s in enumerate(seen):
+        assert s["hw_gather"] == list(map(float, range(world)))
+        assert s["hw_reduce"] == world - 1 and s["hw_broadcast"] == 1.0
+        assert s["hw_objects"] == list(range(world)) and s["hw_bcast_objects"] == [1]
+        assert s["hw_loader"] == "MpDeviceLoader" and s["hw_model_unwrapped"]
+        assert s["hw_rng"] == (5, 5) and s["hw_rng_set"] == 9
+        assert s["after_reset"] == (101, 0, "xla")
+        assert s["spawn"] == [(rank, "go")]
