@@ -1,0 +1,73 @@
+"""What "each test starts clean" means inside a warm rank, and how it is restored.
+
+A warm rank runs many tests one after the other. Before each one it puts back what a
+test may have changed and the next must not see: environment variables (to the
+snapshot taken when the pool started), `accel`'s shared state, the simulated device's
+own state, RNG seeds, the working directory and import path (the parent's, at the time
+of the launch), warning filters and torch's process-wide defaults. The process group
+is kept: recreating it is the expensive part of a start, and `reset_state()` leaves it
+alone by design.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import warnings
+from typing import Any, Callable
+
+import torch
+
+#: the seed every test starts from, in every RNG (the same on every rank, as after a
+#: fresh start of a script that calls nothing)
+SEED = 0
+
+
+class CleanSlate:
+    """Snapshot of a freshly started rank, restored before every task."""
+
+    def __init__(self, reset_device: Callable[[], None]) -> None:
+        self._reset_device = reset_device
+        self.environ = dict(os.environ)
+        self.warning_filters = list(warnings.filters)
+        self.default_dtype = torch.get_default_dtype()
+        self.num_threads = torch.get_num_threads()
+        self.deterministic = torch.are_deterministic_algorithms_enabled()
+
+    def restore(self, cwd: str | None = None, sys_path: list[str] | None = None) -> None:
+        """Put the rank back in its start-up state (see the module docstring)."""
+        if dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        if sys_path is not None and sys.path != sys_path:
+            sys.path[:] = sys_path
+        if cwd is not None and os.getcwd() != cwd:
+            os.chdir(cwd)
+        warnings.filters[:] = self.warning_filters
+        # Bumps the filters' version so per-module "already warned" caches are dropped.
+        getattr(warnings, "_filters_mutated", lambda: None)()
+        self._restore_torch()
+        from accel.state import reset_state
+
+        reset_state()
+        self._reset_device()
+        seed_everything(SEED)
+
+    def _restore_torch(self) -> None:
+        if torch.get_default_dtype() != self.default_dtype:
+            torch.set_default_dtype(self.default_dtype)
+        if torch.get_num_threads() != self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        if torch.are_deterministic_algorithms_enabled() != self.deterministic:
+            torch.use_deterministic_algorithms(self.deterministic)
+        torch.set_grad_enabled(True)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, torch's (and the device's, through torch) and numpy's generators."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    numpy: Any = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed)

@@ -1,0 +1,115 @@
+"""What went wrong in which rank: the errors `accel.sim.launch` raises and their text.
+
+A failed launch names every failed rank with its own traceback (or exit code, signal
+name, or live stack at a timeout), and shows where the ranks that were still running
+waited. Every line of a rank's block is prefixed with ``[rank N]`` so that a report of
+four interleaved ranks stays readable and greppable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+#: kinds of RankFailure: raised an exception, exited without returning, killed by a
+#: signal, still running at the timeout, or stopped by the simulator because another
+#: rank had failed first (listed apart from the failures: they are victims, not causes)
+KINDS = ("exception", "exit", "signal", "timeout", "stopped")
+
+
+@dataclasses.dataclass
+class RankFailure:
+    """How one rank failed; `kind` is one of "exception", "exit", "signal", "timeout", "stopped"."""
+
+    rank: int
+    kind: str
+    exc_type: str | None = None
+    message: str = ""
+    traceback: str = ""
+    exception: BaseException | None = None
+    exitcode: int | None = None
+    signal_name: str | None = None
+    stack: str = ""
+
+    def headline(self) -> str:
+        """One line saying what happened to this rank."""
+        if self.kind == "exception":
+            short = (self.exc_type or "Exception").rsplit(".", 1)[-1]
+            return f"{short}: {self.message}" if self.message else short
+        if self.kind == "exit":
+            return f"exited with code {self.exitcode} before returning"
+        if self.kind == "signal":
+            return f"killed by signal {self.signal_name}"
+        if self.kind == "timeout":
+            return "still running at the timeout; its stack at that moment:"
+        return "still running after another rank failed (stopped); it was here:"
+
+    def details(self) -> str:
+        """The rank's own traceback, or its live stack where that is all there is."""
+        if self.kind == "exception":
+            return self.traceback
+        return self.stack
+
+    def format(self) -> str:
+        """The headline and details, each line prefixed with ``[rank N]``."""
+        lines = [self.headline()]
+        details = self.details().rstrip("\n")
+        if details:
+            lines.extend(details.splitlines())
+        prefix = f"[rank {self.rank}] "
+        return "\n".join(prefix + line for line in lines)
+
+
+class DistributedFailure(RuntimeError):
+    """One or more ranks of a simulated launch failed.
+
+    Attributes:
+        failures: rank -> RankFailure, every rank that failed (exception, exit,
+            signal, or timeout).
+        stopped: rank -> RankFailure (kind "stopped"), ranks still running after
+            another rank failed, with the stack where they waited.
+        world_size, device: what was launched.
+    """
+
+    def __init__(
+        self,
+        failures: dict[int, RankFailure],
+        stopped: dict[int, RankFailure] | None = None,
+        world_size: int | None = None,
+        device: str | None = None,
+        summary: str | None = None,
+    ) -> None:
+        self.failures = dict(sorted(failures.items()))
+        self.stopped = dict(sorted((stopped or {}).items()))
+        self.world_size = world_size
+        self.device = device
+        self.summary = summary or self._default_summary()
+        super().__init__(self.summary)
+
+    def _default_summary(self) -> str:
+        ranks = ", ".join(str(rank) for rank in self.failures)
+        where = f" of {self.world_size}" if self.world_size else ""
+        on = f" (device {self.device!r})" if self.device else ""
+        noun = "rank" if len(self.failures) == 1 else "ranks"
+        return f"{noun} {ranks}{where} failed{on}"
+
+    def first(self) -> RankFailure:
+        """The failure of the lowest failed rank."""
+        return next(iter(self.failures.values()))
+
+    def report(self) -> str:
+        """The full multi-rank report: every failure, then where the stopped ranks waited."""
+        blocks = [self.summary + ":"]
+        blocks.extend(failure.format() for failure in self.failures.values())
+        blocks.extend(failure.format() for failure in self.stopped.values())
+        return "\n\n".join(blocks)
+
+    def __str__(self) -> str:
+        return self.report()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.failures, self.stopped, self.world_size, self.device, self.summary))
+
+
+class DistributedTimeout(DistributedFailure):
+    """A simulated launch did not finish in time; `failures` holds each live rank's stack."""

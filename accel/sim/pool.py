@@ -1,0 +1,466 @@
+"""Warm rank pools, on the parent's side: start N ranks once, run many tasks on them.
+
+Starting a rank means importing torch (seconds) and creating a process group; running
+a trivial test on a warm rank takes milliseconds. So ranks are forked from a fork
+server that imported torch and accel once, kept per (world size, device), and reused
+until a task leaves them in doubt (a failure, a death, a destroyed process group),
+when the pool is thrown away and the next task gets fresh ranks.
+
+A `RankPool` runs one task at a time: it sends the task to every rank, waits for the
+answers, relays what the ranks print (prefixed with their rank), and decides what
+happened to the ranks that did not answer: after the first failure the others get a
+short grace to finish or fail on their own; at the timeout (or after the grace) their
+Python stacks are taken with SIGUSR1 and the whole pool is killed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Iterable
+
+from accel.sim import entry
+from accel.sim.failures import DistributedFailure, RankFailure
+
+#: after the first failed rank, how long the others get to finish before being stopped
+FAILURE_GRACE = 1.0
+#: how often the parent relays what ranks printed while it waits
+RELAY_INTERVAL = 0.05
+#: how long a pool may take to start (the first one imports torch in the fork server)
+START_TIMEOUT = float(os.environ.get("ACCEL_SIM_START_TIMEOUT", "120"))
+#: idle warm ranks kept per process (least recently used pools are closed beyond it)
+MAX_WARM_RANKS = int(os.environ.get("ACCEL_SIM_MAX_WARM_RANKS", "16"))
+
+
+class RankOutcome:
+    """What one rank made of one task: `status` "ok" (with `value`, serialised) or a `failure`."""
+
+    __slots__ = ("rank", "status", "value", "failure", "pg_ok")
+
+    def __init__(self, rank: int, status: str, value: bytes | None = None, failure: RankFailure | None = None, pg_ok: bool = False) -> None:
+        self.rank, self.status, self.value, self.failure, self.pg_ok = rank, status, value, failure, pg_ok
+
+    def __repr__(self) -> str:
+        return f"RankOutcome(rank={self.rank}, status={self.status!r})"
+
+
+def _context() -> Any:
+    """The fork-server context, preloading the rank module when the server is not up yet."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # noqa: SLF001  (the only way to add to the preload list)
+    if getattr(server, "_forkserver_pid", None) is None:
+        wanted = list(getattr(server, "_preload_modules", ["__main__"]))
+        for name in (entry.WORKER_MODULE, *_extra_preload):
+            if name not in wanted:
+                wanted.append(name)
+        server.set_forkserver_preload(wanted)
+    return multiprocessing.get_context("forkserver")
+
+
+_extra_preload: list[str] = []
+
+
+def add_preload(*modules: str) -> None:
+    """Ask the fork server to import `modules` too (before it starts; e.g. the pytest harness)."""
+    for name in modules:
+        if name not in _extra_preload:
+            _extra_preload.append(name)
+
+
+def _coverage_settings() -> dict[str, Any] | None:
+    # Ranks measure coverage when the parent does (coverage run, pytest-cov): same
+    # configuration, same data directory, one data file per rank process.
+    coverage = sys.modules.get("coverage")
+    current = getattr(getattr(coverage, "Coverage", None), "current", None)
+    cov = current() if current else None
+    if cov is None:
+        return None
+    from coverage.control import CONFIG_DATA_PREFIX
+
+    return {
+        "config": CONFIG_DATA_PREFIX + cov.config.serialize(),
+        "data_file": os.path.abspath(cov.config.data_file),
+    }
+
+
+class RankPool:
+    """N rank processes of one (world_size, device), ready to run tasks one at a time."""
+
+    def __init__(self, world_size: int, device: str, real_device: bool = False) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {world_size}")
+        self.world_size = world_size
+        self.device = device
+        self.real_device = real_device
+        self.healthy = False
+        self.tasks_run = 0
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._workdir = tempfile.mkdtemp(prefix=f"accel-sim-{device}{world_size}-")
+        self._outputs: list[list[Any]] = []
+        self._partial: dict[tuple[int, int], bytes] = {}
+        self._stack_offsets: list[int] = [0] * world_size
+
+    # -- start and stop --------------------------------------------------------------------
+
+    def start(self, timeout: float = START_TIMEOUT) -> None:
+        """Start the ranks and wait until each has its process group."""
+        ctx = _context()
+        config = {
+            "world_size": self.world_size,
+            "device": self.device,
+            "real_device": self.real_device,
+            "env": dict(os.environ),
+            "workdir": self._workdir,
+            "coverage": _coverage_settings(),
+            "num_threads": max(1, (os.cpu_count() or 1) // self.world_size),
+        }
+        try:
+            for rank in range(self.world_size):
+                parent_end, child_end = ctx.Pipe()
+                proc = ctx.Process(target=entry.rank_main, args=({**config, "rank": rank}, child_end), name=f"accel-sim-rank{rank}")
+                proc.start()
+                child_end.close()
+                self._procs.append(proc)
+                self._conns.append(parent_end)
+            self._outputs = [[self._open_output(rank, "out"), self._open_output(rank, "err")] for rank in range(self.world_size)]
+            self._handshake(time.monotonic() + timeout)
+        except BaseException:
+            self.kill()
+            raise
+        self.healthy = True
+
+    def _open_output(self, rank: int, suffix: str) -> Any:
+        path = os.path.join(self._workdir, f"rank{rank}.{suffix}")
+        # The rank creates it; create it here too so that reading never races the rank.
+        with open(path, "ab"):
+            pass
+        return open(path, "rb")  # noqa: SIM115  (kept open to read incrementally)
+
+    def _handshake(self, deadline: float) -> None:
+        port = self._expect(0, "port", deadline)
+        for conn in self._conns[1:]:
+            conn.send(("port", port))
+        for rank in range(self.world_size):
+            self._expect(rank, "ready", deadline)
+
+    def _expect(self, rank: int, what: str, deadline: float) -> Any:
+        conn, proc = self._conns[rank], self._procs[rank]
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._start_failed({rank: RankFailure(rank, "timeout", stack=self._dump_stacks([rank])[rank])}, "timeout")
+            ready = multiprocessing.connection.wait([conn, proc.sentinel], timeout=min(remaining, RELAY_INTERVAL))
+            self.relay()
+            if conn in ready or conn.poll():
+                try:
+                    message = conn.recv()
+                except EOFError:
+                    message = None
+                if message is not None and message[0] == what:
+                    return message[1]
+                if message is not None and message[0] == "error":
+                    self._start_failed({rank: _exception_failure(rank, message[1])}, "error")
+            if proc.sentinel in ready:
+                self._start_failed({rank: self._death(rank)}, "death")
+
+    def _start_failed(self, failures: dict[int, RankFailure], why: str) -> None:
+        self.relay(final=True)
+        self.kill()
+        raise DistributedFailure(
+            failures,
+            world_size=self.world_size,
+            device=self.device,
+            summary=f"simulated ranks (world_size={self.world_size}, device={self.device!r}) failed to start ({why})",
+        )
+
+    def close(self) -> None:
+        """Ask the ranks to exit, then make sure they did."""
+        for conn in self._conns:
+            try:
+                conn.send(("stop",))
+            except OSError:
+                pass  # that rank is gone already
+        deadline = time.monotonic() + 2.0
+        for proc in self._procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill every rank (and whatever it started) now, and clean up."""
+        self.healthy = False
+        for proc in self._procs:
+            if proc.pid is not None and proc.exitcode is None:
+                _kill_group(proc.pid)
+        for proc in self._procs:
+            if proc.pid is not None:
+                proc.join(5.0)
+        for conn in self._conns:
+            conn.close()
+        for files in self._outputs:
+            for handle in files:
+                handle.close()
+        self._procs, self._conns, self._outputs = [], [], []
+        shutil.rmtree(self._workdir, ignore_errors=True)
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the ranks, in rank order."""
+        return [proc.pid for proc in self._procs]
+
+    # -- running a task --------------------------------------------------------------------
+
+    def run(self, payload: bytes, timeout: float, grace: float = FAILURE_GRACE) -> list[RankOutcome]:
+        """Run a serialised call on every rank; one outcome per rank, in rank order.
+
+        Never raises for what happens in ranks: failures, deaths and timeouts are
+        outcomes. The pool is killed when a rank did not answer; the caller decides
+        whether it may be reused otherwise.
+        """
+        if not self.healthy:
+            raise RuntimeError("this rank pool is not running; start a new one")
+        self.tasks_run += 1
+        message = pickle.dumps(("run", payload, os.getcwd(), list(sys.path)), protocol=pickle.HIGHEST_PROTOCOL)
+        for conn in self._conns:
+            conn.send_bytes(message)
+        outcomes: dict[int, RankOutcome] = {}
+        deadline = time.monotonic() + timeout
+        stop_at: float | None = None
+        while len(outcomes) < self.world_size:
+            limit = deadline if stop_at is None else min(deadline, stop_at)
+            remaining = limit - time.monotonic()
+            if remaining <= 0:
+                break
+            pending = [rank for rank in range(self.world_size) if rank not in outcomes]
+            waitables: list[Any] = [self._conns[rank] for rank in pending] + [self._procs[rank].sentinel for rank in pending]
+            ready = multiprocessing.connection.wait(waitables, timeout=min(remaining, RELAY_INTERVAL))
+            if not ready:
+                self.relay()
+                continue
+            for rank in pending:
+                if self._conns[rank] in ready or self._procs[rank].sentinel in ready:
+                    outcomes[rank] = self._collect(rank)
+                    if outcomes[rank].status != "ok" and stop_at is None:
+                        stop_at = time.monotonic() + grace
+        left = [rank for rank in range(self.world_size) if rank not in outcomes]
+        if left:
+            kind = "stopped" if stop_at is not None and time.monotonic() < deadline else "timeout"
+            stacks = self._dump_stacks(left)
+            for rank in left:
+                outcomes[rank] = RankOutcome(rank, kind, failure=RankFailure(rank, kind, stack=stacks[rank]))
+            self.kill()
+        elif any(outcome.status in ("exit", "signal") for outcome in outcomes.values()):
+            self.kill()
+        self.relay(final=True)
+        return [outcomes[rank] for rank in range(self.world_size)]
+
+    def _collect(self, rank: int) -> RankOutcome:
+        conn = self._conns[rank]
+        if conn.poll():
+            try:
+                _, report = pickle.loads(conn.recv_bytes())
+            except EOFError:
+                report = None
+            if report is not None:
+                return _outcome_from_report(rank, report)
+        return RankOutcome(rank, *_status_of(self._death(rank)))
+
+    def _death(self, rank: int) -> RankFailure:
+        proc = self._procs[rank]
+        proc.join(5.0)
+        code = proc.exitcode
+        crash = self._read_stack(rank)
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return RankFailure(rank, "signal", exitcode=code, signal_name=name, stack=crash)
+        return RankFailure(rank, "exit", exitcode=code, stack=crash)
+
+    # -- stacks and output -----------------------------------------------------------------
+
+    def _read_stack(self, rank: int) -> str:
+        path = os.path.join(self._workdir, f"rank{rank}.stack")
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(self._stack_offsets[rank])
+                data = handle.read()
+        except OSError:
+            return ""
+        self._stack_offsets[rank] += len(data)
+        return data.decode(errors="replace")
+
+    def _dump_stacks(self, ranks: Iterable[int]) -> dict[int, str]:
+        """Each live rank's Python stack, every thread, at this moment (SIGUSR1 -> faulthandler)."""
+        ranks = list(ranks)
+        sizes = {rank: self._stack_size(rank) for rank in ranks}
+        asked = []
+        for rank in ranks:
+            proc = self._procs[rank]
+            if proc.exitcode is None:
+                try:
+                    os.kill(proc.pid, signal.SIGUSR1)
+                    asked.append(rank)
+                except ProcessLookupError:
+                    pass  # it died meanwhile; its crash dump (if any) is read below
+        # faulthandler writes from the signal handler itself; wait until each file has
+        # grown and stopped growing.
+        deadline = time.monotonic() + 2.0
+        last = dict(sizes)
+        while asked and time.monotonic() < deadline:
+            time.sleep(0.02)
+            now = {rank: self._stack_size(rank) for rank in asked}
+            if all(now[rank] > sizes[rank] and now[rank] == last[rank] for rank in asked):
+                break
+            last.update(now)
+        return {rank: self._read_stack(rank) or "(no stack: the rank did not answer SIGUSR1)" for rank in ranks}
+
+    def _stack_size(self, rank: int) -> int:
+        try:
+            return os.path.getsize(os.path.join(self._workdir, f"rank{rank}.stack"))
+        except OSError:
+            return 0
+
+    def relay(self, final: bool = False) -> None:
+        """Copy what the ranks printed to our stdout/stderr, each line prefixed with its rank."""
+        for rank, files in enumerate(self._outputs):
+            for index, (handle, stream) in enumerate(zip(files, (sys.stdout, sys.stderr))):
+                data = self._partial.pop((rank, index), b"") + handle.read()
+                if not data:
+                    continue
+                lines = data.split(b"\n")
+                rest = lines.pop()
+                if rest and not final:
+                    self._partial[(rank, index)] = rest
+                elif rest:
+                    lines.append(rest)
+                if lines and stream is not None:
+                    prefix = f"[rank {rank}] "
+                    stream.write("".join(prefix + line.decode(errors="replace") + "\n" for line in lines))
+                    stream.flush()
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        # Not (yet) the leader of its own group: kill the process alone.
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # already gone
+
+
+def _exception_failure(rank: int, report: dict[str, Any]) -> RankFailure:
+    exception = None
+    if report.get("exception") is not None:
+        try:
+            exception = pickle.loads(report["exception"])
+        except Exception:  # noqa: BLE001  (a class the parent cannot import: the text is kept)
+            exception = None
+    return RankFailure(
+        rank, "exception", exc_type=report["exc_type"], message=report["message"], traceback=report["traceback"], exception=exception
+    )
+
+
+def _outcome_from_report(rank: int, report: dict[str, Any]) -> RankOutcome:
+    status = report["status"]
+    pg_ok = report.get("pg_ok", False)
+    if status == "ok":
+        return RankOutcome(rank, "ok", value=report["value"], pg_ok=pg_ok)
+    if status == "exit":
+        code = report["code"]
+        if code == 0:  # sys.exit(0) / sys.exit(): a normal end, with no value
+            return RankOutcome(rank, "ok", value=None, pg_ok=False)
+        return RankOutcome(rank, "exit", failure=RankFailure(rank, "exit", exitcode=code))
+    return RankOutcome(rank, "exception", failure=_exception_failure(rank, report), pg_ok=pg_ok)
+
+
+def _status_of(failure: RankFailure) -> tuple[str, None, RankFailure]:
+    return failure.kind, None, failure
+
+
+class PoolManager:
+    """Keeps warm pools per (world_size, device) and hands them out one launch at a time."""
+
+    def __init__(self, max_warm_ranks: int = MAX_WARM_RANKS) -> None:
+        self.max_warm_ranks = max_warm_ranks
+        self._idle: collections.OrderedDict[tuple[int, str, bool], RankPool] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._owner = os.getpid()
+        self.pools_started = 0
+
+    def acquire(self, world_size: int, device: str, real_device: bool = False, isolated: bool = False) -> RankPool:
+        """A started pool for this configuration: a warm one if there is one, else a new one."""
+        key = (world_size, device, real_device)
+        if not isolated:
+            with self._lock:
+                pool = self._idle.pop(key, None)
+            if pool is not None and pool.healthy and all(proc.exitcode is None for proc in pool._procs):  # noqa: SLF001
+                return pool
+            if pool is not None:
+                pool.kill()
+        pool = RankPool(world_size, device, real_device)
+        pool.start()
+        self.pools_started += 1
+        return pool
+
+    def release(self, pool: RankPool, reusable: bool) -> None:
+        """Give a pool back after a task: kept warm when `reusable`, else killed."""
+        if not reusable or not pool.healthy:
+            pool.kill()
+            return
+        key = (pool.world_size, pool.device, pool.real_device)
+        evicted = []
+        with self._lock:
+            previous = self._idle.pop(key, None)
+            if previous is not None:
+                evicted.append(previous)
+            self._idle[key] = pool
+            while sum(p.world_size for p in self._idle.values()) > self.max_warm_ranks and len(self._idle) > 1:
+                evicted.append(self._idle.popitem(last=False)[1])
+        for old in evicted:
+            old.close()
+
+    def close(self) -> None:
+        """Stop every warm pool (at exit, at the end of a test session)."""
+        if os.getpid() != self._owner:  # a forked copy: the pools belong to the original
+            self._idle.clear()
+            return
+        with self._lock:
+            pools = list(self._idle.values())
+            self._idle.clear()
+        for pool in pools:
+            pool.close()
+
+
+_managers: list[PoolManager] = []
+
+
+def new_manager(max_warm_ranks: int = MAX_WARM_RANKS) -> PoolManager:
+    """A pool manager whose pools are also stopped when the interpreter exits."""
+    manager = PoolManager(max_warm_ranks)
+    _managers.append(manager)
+    return manager
+
+
+def _close_all() -> None:
+    for manager in _managers:
+        manager.close()
+
+
+# Registered after multiprocessing's own exit handler, so it runs first: that one
+# would otherwise wait for our (non-daemonic) ranks forever.
+atexit.register(_close_all)

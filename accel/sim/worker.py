@@ -1,0 +1,260 @@
+"""Inside a rank process: set up once, then run tasks until the parent says stop.
+
+Set-up (once per process): die with the fork server (and so with the parent), own a
+process group so the parent can kill whatever the rank started, send output to
+per-rank files the parent relays, make SIGUSR1 dump every thread's Python stack (the
+parent asks for it at a timeout), set the launcher's environment, install the
+simulated device and let `PartialState()` create the Gloo process group exactly as on
+that hardware. Rank 0 hosts the rendezvous store on a port the kernel picks, so that
+launches running side by side never collide.
+
+Then, per task: restore the clean slate (`accel.sim.cleanslate`), run the function,
+report its value or what went wrong, and whether the process group is still there.
+
+The fork server imports this module once, so torch and accel are already loaded in
+every rank it forks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+import accel.state  # noqa: F401  (preloaded: every rank needs it)
+from accel.sim import serialize
+from accel.sim.cleanslate import CleanSlate, seed_everything
+
+#: source files whose frames are left out of a rank's traceback (the simulator's own)
+INTERNAL_FILES: set[str] = {__file__}
+
+_PR_SET_PDEATHSIG = 1
+#: keeps rank 0's rendezvous store (and its server) alive as long as the process
+_STORE: list[Any] = []
+
+
+def hide_frames_of(path: str) -> None:
+    """Leave frames of `path` out of the tracebacks ranks report (for runners built on this one)."""
+    INTERNAL_FILES.add(path)
+
+
+def serve(config: dict[str, Any], conn: Any) -> None:
+    """Entry point of a rank process (see the module docstring)."""
+    _bind_lifetime_to_parent()
+    _redirect_output(config["workdir"], config["rank"])
+    try:
+        slate = _set_up(config, conn)
+    except BaseException as error:  # noqa: BLE001  (whatever failed, the parent must hear why)
+        conn.send(("error", describe_exception(error)))
+        _exit(1)
+    conn.send(("ready", os.getpid()))
+    coverage = _coverage_started
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the parent is gone
+            _exit(0)
+        if message[0] == "stop":
+            _exit(0)
+        _, payload, cwd, sys_path = message
+        outcome = _run_task(slate, payload, cwd, sys_path)
+        _flush()
+        if coverage is not None:
+            coverage.save()
+        outcome["pg_ok"] = dist.is_available() and dist.is_initialized()
+        conn.send_bytes(pickle.dumps(("done", outcome), protocol=pickle.HIGHEST_PROTOCOL))
+        if outcome["status"] == "exit":
+            _exit(outcome["code"])
+
+
+# -- process set-up --------------------------------------------------------------------
+
+
+def _bind_lifetime_to_parent() -> None:
+    # The fork server hands every child the parent's "alive" pipe; holding it would keep
+    # the fork server up after the parent dies. Dropping it lets the fork server exit
+    # with the parent, and PDEATHSIG then takes this rank down with the fork server.
+    from multiprocessing import forkserver
+
+    alive_fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)  # noqa: SLF001
+    if alive_fd is not None:
+        try:
+            os.close(alive_fd)
+        except OSError:
+            pass  # already closed: nothing to release
+        forkserver._forkserver._forkserver_alive_fd = None  # noqa: SLF001
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+    # Our own process group: the terminal's Ctrl-C goes to the parent only (which then
+    # stops us), and the parent can kill anything this rank started with killpg.
+    os.setpgid(0, 0)
+
+
+def _redirect_output(workdir: str, rank: int) -> None:
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    for fd, suffix in ((1, "out"), (2, "err")):
+        target = os.open(os.path.join(workdir, f"rank{rank}.{suffix}"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(target, fd)
+        os.close(target)
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
+    # One file for stacks asked for with SIGUSR1 and for fatal signals (SIGSEGV, ...).
+    stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "a")  # noqa: SIM115  (open for the process lifetime)
+    faulthandler.enable(file=stack_file, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
+
+
+_coverage_started: Any = None
+
+
+def _start_coverage(settings: dict[str, Any] | None) -> None:
+    """Measure this rank like the parent measures itself (see `accel.sim.coverage_support`)."""
+    global _coverage_started
+    if not settings:
+        return
+    import coverage
+
+    inherited = coverage.Coverage.current()
+    if inherited is not None:
+        # Started at interpreter start-up in the fork server: its data file would be
+        # shared by every rank forked from it.
+        inherited._auto_save = False  # noqa: SLF001
+        inherited.stop()
+    cov = coverage.Coverage(config_file=settings["config"], data_file=settings["data_file"], data_suffix=True)
+    cov._warn_no_data = False  # noqa: SLF001  (a rank that ran no measured code is normal)
+    cov._warn_unimported_source = False  # noqa: SLF001
+    cov._warn_preimported_source = False  # noqa: SLF001  (the fork server preloaded accel)
+    cov.start()
+    _coverage_started = cov
+
+
+def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
+    rank, world_size, device = config["rank"], config["world_size"], config["device"]
+    os.environ.clear()
+    os.environ.update(config["env"])
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+    )
+    _start_coverage(config.get("coverage"))
+    torch.set_num_threads(config["num_threads"])
+    os.environ["MASTER_PORT"] = str(_rendezvous_port(rank, world_size, conn))
+    reset_device = _prepare_device(device, config["real_device"])
+    from accel.state import PartialState, reset_state
+
+    PartialState()  # creates the process group through the backend, as on the hardware
+    reset_state()  # tests start from nothing; the process group stays
+    seed_everything(0)
+    return CleanSlate(reset_device)
+
+
+def _rendezvous_port(rank: int, world_size: int, conn: Any) -> int:
+    if rank == 0:
+        # Multi-tenant: the env:// rendezvous of this process reuses this very server.
+        store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, multi_tenant=True, wait_for_workers=False)
+        _STORE.append(store)
+        conn.send(("port", store.port))
+        return store.port
+    message = conn.recv()
+    if message[0] != "port":
+        raise RuntimeError(f"expected the rendezvous port from the parent, got {message!r}")
+    return message[1]
+
+
+def _prepare_device(device: str, real_device: bool) -> Callable[[], None]:
+    """Install the device; returns what puts it back in its start-up state between tests."""
+    from accel.backends import ENV_VAR
+
+    if real_device:
+        os.environ[ENV_VAR] = device
+        return lambda: None
+    try:
+        from accel.sim import devices
+    except ImportError:
+        if device != "cpu":
+            raise
+        os.environ[ENV_VAR] = "cpu"
+        return lambda: None
+    devices.prepare_rank(device)
+    return lambda: devices.reset_rank(device)
+
+
+# -- tasks -----------------------------------------------------------------------------
+
+
+def _run_task(slate: CleanSlate, payload: bytes, cwd: str, sys_path: list[str]) -> dict[str, Any]:
+    try:
+        slate.restore(cwd, sys_path)
+        fn, args, kwargs = serialize.loads(payload)
+        value = fn(*args, **kwargs)
+    except SystemExit as exit_:
+        return {"status": "exit", "code": _exit_code(exit_)}
+    except BaseException as error:  # noqa: BLE001  (skips and KeyboardInterrupt are reported too)
+        return {"status": "exception", **describe_exception(error)}
+    try:
+        return {"status": "ok", "value": serialize.dumps(value)}
+    except TypeError as error:
+        return {"status": "exception", **describe_exception(error)}
+
+
+def _exit_code(exit_: SystemExit) -> int:
+    code = exit_.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # as the interpreter does for sys.exit("message")
+    return 1
+
+
+def describe_exception(error: BaseException) -> dict[str, Any]:
+    """The exception as the parent reports it: type, message, the rank's own traceback, the object."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in INTERNAL_FILES:
+        tb = tb.tb_next
+    kind = type(error)
+    module = kind.__module__
+    try:
+        pickled = pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001  (the text below still says everything)
+        pickled = None
+    return {
+        "exc_type": kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}",
+        "message": str(error),
+        "traceback": "".join(traceback.format_exception(kind, error, tb)),
+        "exception": pickled,
+    }
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # a test closed or broke the stream: nothing left to flush
+
+
+def _exit(code: int) -> None:
+    _flush()
+    if _coverage_started is not None:
+        _coverage_started.save()
+    os._exit(code)
