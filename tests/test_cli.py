@@ -1,0 +1,146 @@
+"""The `accel` command line: argument mapping, script running, failure reports, end to end runs."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from accel.commands import cli, launch
+from accel.sim.devices import DEVICES
+
+ACCEL = str(Path(sys.executable).with_name("accel"))
+
+
+def parse(*argv):
+    return cli.build_parser().parse_args(["launch", *argv])
+
+
+def test_no_command_prints_help(capsys):
+    assert cli.main([]) == 2
+    assert "launch" in capsys.readouterr().out
+
+
+def test_simulated_devices_match_the_simulator():
+    assert launch.SIMULATED_DEVICES == DEVICES
+
+
+def test_script_arguments_are_left_to_the_script():
+    args = parse("--simulate", "xla", "--num_processes", "4", "train.py", "--num_processes", "7", "-x")
+    assert (args.simulate, args.num_processes, args.script) == ("xla", 4, "train.py")
+    assert args.script_args == ["--num_processes", "7", "-x"]
+
+
+def test_single_machine_uses_a_standalone_torchrun():
+    assert launch.torchrun_args(parse("--num_processes", "3", "t.py", "a")) == ["--nproc_per_node=3", "--standalone", "t.py", "a"]
+    argv = launch.torchrun_args(parse("--num_processes", "2", "--main_process_port", "1234", "t.py"))
+    assert argv == ["--nproc_per_node=2", "--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1", "--master_port=1234", "t.py"]
+
+
+def test_multi_machine_options_map_to_torchrun():
+    args = parse("--num_processes", "8", "--num_machines", "2", "--machine_rank", "1",
+                 "--main_process_ip", "10.0.0.1", "--main_process_port", "29501", "t.py", "--lr", "1")
+    assert launch.torchrun_args(args) == [
+        "--nproc_per_node=8", "--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=29501",
+        "t.py", "--lr", "1",
+    ]
+    with pytest.raises(ValueError, match="main_process_ip"):
+        launch.torchrun_args(parse("--num_machines", "2", "t.py"))
+    with pytest.raises(ValueError, match="machine_rank"):
+        launch.torchrun_args(parse("--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "h",
+                                   "--main_process_port", "1", "t.py"))
+
+
+def test_accel_options_travel_as_environment_variables():
+    env = launch.accel_env(parse("--mixed_precision", "bf16", "--cpu", "--debug", "t.py"))
+    assert env == {"ACCEL_MIXED_PRECISION": "bf16", "ACCEL_USE_CPU": "1", "ACCEL_DEBUG_MODE": "1"}
+    assert launch.accel_env(parse("t.py")) == {}
+
+
+def test_bad_invocations_are_refused(tmp_path, capsys):
+    assert cli.main(["launch", str(tmp_path / "missing.py")]) == 2
+    assert "no such script" in capsys.readouterr().err
+    script = tmp_path / "s.py"
+    script.write_text("")
+    assert cli.main(["launch", "--num_processes", "0", str(script)]) == 2
+    assert cli.main(["launch", "--num_machines", "2", str(script)]) == 2
+
+
+def test_run_script_runs_main_with_its_argv(tmp_path, monkeypatch):
+    (tmp_path / "helper.py").write_text("VALUE = 'from the script directory'\n")
+    out = tmp_path / "out.txt"
+    script = tmp_path / "s.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys, helper
+        if __name__ == "__main__":
+            open({str(out)!r}, "w").write(" ".join(sys.argv[1:]) + "|" + helper.VALUE + "|" + os.environ["ACCEL_X"])
+            sys.exit(int(sys.argv[1]))
+    """))
+    monkeypatch.delenv("ACCEL_X", raising=False)
+    argv, path = sys.argv[:], sys.path[:]
+    launch.run_script(str(script), ["0", "b"], {"ACCEL_X": "y"})
+    assert out.read_text() == "0 b|from the script directory|y"
+    assert sys.argv == argv and sys.path == path
+    with pytest.raises(launch.ScriptExit, match="status 3"):
+        launch.run_script(str(script), ["3"], {})
+    sys.modules.pop("helper", None)
+
+
+def test_failures_are_reported_once_per_rank_with_a_prefix():
+    failures = {
+        2: SimpleNamespace(kind="exception", traceback="Traceback (most recent call last):\n  boom\nValueError: x\n",
+                           exc_type="ValueError", message="x"),
+        0: SimpleNamespace(kind="signal", signal_name="SIGKILL"),
+        1: SimpleNamespace(kind="exit", exitcode=3),
+        3: SimpleNamespace(kind="timeout", stack="  File 'a.py', line 1, in wait"),
+    }
+    text = launch.format_failures(failures, world_size=4)
+    lines = text.splitlines()
+    assert lines[0] == "[rank 0] killed by signal SIGKILL"
+    assert lines[1] == "[rank 1] exited with code 3"
+    assert lines[2:5] == ["[rank 2] Traceback (most recent call last):", "[rank 2]   boom", "[rank 2] ValueError: x"]
+    assert lines[5].startswith("[rank 3] timed out") and lines[6] == "[rank 3]   File 'a.py', line 1, in wait"
+    assert lines[-1] == "accel launch: 4 of 4 ranks failed (rank 0, 1, 2, 3)"
+    assert text.count("ValueError: x") == 1
+
+
+def test_env_command_reports_versions_and_backends(capsys):
+    assert cli.main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "torch:" in out and "Backends registered: cpu, cuda, xla" in out and "Backend selected:    cpu" in out
+
+
+def _run(*argv, timeout=120):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
+    return subprocess.run([ACCEL, *argv], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+SCRIPT = """
+import sys, torch
+from accel.state import PartialState
+state = PartialState()
+total = state.hardware.all_reduce(torch.tensor([state.process_index + 1.0])).item()
+print(f"rank {state.process_index}/{state.num_processes} {state.distributed_type} "
+      f"cuda={torch.cuda.is_available()} total={total} args={sys.argv[1:]}", flush=True)
+if "--fail" in sys.argv and state.process_index == 1:
+    raise ValueError("rank one fails on purpose")
+if "--exit0" in sys.argv:
+    sys.exit(0)
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "script.py"
+    path.write_text(SCRIPT)
+    return str(path)
+
+
+def test_launch_without_simulate_runs_torchrun(script):
+    done = _run("launch", "--num_processes", "2", script, "--a")
+    assert done.returncode == 0, done.stderr
+    for rank in range(2):
+        assert f"rank {rank}/2 MULTI_CPU cuda=False total=3.0 args=['--a']" in done.stdout
