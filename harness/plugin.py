@@ -1,1 +1,169 @@
-"""pytest plugin entry point (pytest11): @distributed_test, rank fixtures, markers."""
+"""pytest plugin entry point (pytest11): @distributed_test, rank fixtures, markers.
+
+- Runs `@distributed_test` bodies on warm simulated ranks (one pool manager per
+  session, closed at its end, so nothing outlives the session) and reports each failed
+  rank with its own traceback.
+- Fixtures `rank`, `local_rank`, `world_size`, `device` for distributed tests; other
+  fixtures cannot cross into ranks and are refused with a clear error.
+- Markers `gpu`, `multi_gpu`, `tpu` skip without that hardware; `--real-devices` runs
+  `device="cuda"` distributed tests on real GPUs with NCCL when enough are present.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+
+from accel.sim import pool as pools
+from harness import remote, runner
+from harness.decorator import DistributedSpec, spec_of
+
+MANAGER_KEY = pytest.StashKey[pools.PoolManager]()
+#: rank modules the fork server should import once rather than every rank
+_RANK_PRELOAD = ("harness.remote", "_pytest.assertion.rewrite")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("accel", "accel distributed tests")
+    group.addoption(
+        "--real-devices",
+        action="store_true",
+        default=False,
+        help='run @distributed_test(device="cuda") tests on real GPUs with NCCL (skipped when fewer GPUs than ranks)',
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "distributed(world_size, device, timeout, isolated): body runs on simulated ranks (set by @distributed_test)")
+    config.addinivalue_line("markers", "gpu: needs a real CUDA GPU (skipped without one)")
+    config.addinivalue_line("markers", "multi_gpu: needs at least two real CUDA GPUs (skipped otherwise)")
+    config.addinivalue_line("markers", "tpu: needs a real TPU through torch_xla (skipped without one)")
+    pools.add_preload(*_RANK_PRELOAD)
+    pools.hide_in_stacks(remote.__file__)
+    config.stash[MANAGER_KEY] = pools.new_manager()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    manager = config.stash.get(MANAGER_KEY, None)
+    if manager is not None:
+        manager.close()
+
+
+# -- hardware --------------------------------------------------------------------------
+
+
+def gpu_count() -> int:
+    """Real CUDA GPUs visible to this process (imports torch only when asked)."""
+    if importlib.util.find_spec("torch") is None:
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def has_tpu() -> bool:
+    """Whether a real torch_xla is importable here (the simulator's stand-in lives only in ranks)."""
+    return importlib.util.find_spec("torch_xla") is not None
+
+
+def _hardware_skip(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("tpu") is not None and not has_tpu():
+        return "needs a TPU (torch_xla is not installed)"
+    wants_gpu = item.get_closest_marker("gpu") is not None
+    wants_many = item.get_closest_marker("multi_gpu") is not None
+    if wants_gpu or wants_many:
+        count = gpu_count()
+        if wants_many and count < 2:
+            return f"needs at least 2 GPUs, {count} visible"
+        if count < 1:
+            return "needs a GPU, none visible"
+    return None
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+def _spec(item: pytest.Item) -> DistributedSpec | None:
+    return spec_of(getattr(item, "obj", None)) if isinstance(item, pytest.Function) else None
+
+
+def _uses_real_device(item: pytest.Function) -> bool:
+    return bool(item.config.getoption("real_devices")) and item.funcargs.get("device") == "cuda"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    reason = _hardware_skip(item)
+    if reason:
+        pytest.skip(reason)
+    spec = _spec(item)
+    if spec is None:
+        return
+    unknown = runner.unknown_fixtures(item, spec)
+    if unknown:
+        names = ", ".join(repr(name) for name in unknown)
+        pytest.fail(
+            f"@distributed_test {item.name} asks for {names}: the body runs inside the ranks, where only the "
+            "fixtures rank, local_rank, world_size, device and tmp_path and pytest.mark.parametrize arguments "
+            "are available; set other things up inside the body",
+            pytrace=False,
+        )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    spec = _spec(pyfuncitem)
+    if spec is None:
+        return None
+    real = _uses_real_device(pyfuncitem)
+    if real:
+        world_size, count = pyfuncitem.funcargs["world_size"], gpu_count()
+        if count < world_size:
+            pytest.skip(f"--real-devices: needs {world_size} GPUs, {count} visible")
+    runner.run_item(pyfuncitem, spec, pyfuncitem.config.stash[MANAGER_KEY], real)
+    return True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
+    report = yield
+    failure = item.stash.get(runner.FAILURE_KEY, None)
+    if failure is not None and call.when == "call" and report.failed:
+        report.longrepr = runner.longrepr(item, failure)
+    return report
+
+
+# -- fixtures --------------------------------------------------------------------------
+
+
+def _require_distributed(request: pytest.FixtureRequest, name: str) -> DistributedSpec:
+    spec = _spec(request.node)
+    if spec is None:
+        pytest.fail(f"the {name!r} fixture only exists in @distributed_test tests (harness.distributed_test)", pytrace=False)
+    return spec
+
+
+@pytest.fixture
+def rank(request: pytest.FixtureRequest) -> None:
+    """This rank's global index (filled in inside each rank)."""
+    _require_distributed(request, "rank")
+
+
+@pytest.fixture
+def local_rank(request: pytest.FixtureRequest) -> None:
+    """This rank's index on its machine (filled in inside each rank)."""
+    _require_distributed(request, "local_rank")
+
+
+@pytest.fixture
+def world_size(request: pytest.FixtureRequest) -> int:
+    """Number of ranks of this distributed test."""
+    return _require_distributed(request, "world_size").world_sizes[0]
+
+
+@pytest.fixture
+def device(request: pytest.FixtureRequest) -> str:
+    """Simulated device of this distributed test ("cpu", "cuda" or "xla")."""
+    return _require_distributed(request, "device").devices[0]

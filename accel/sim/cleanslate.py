@@ -65,9 +65,17 @@ class CleanSlate:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed Python's, torch's (and the device's, through torch) and numpy's generators."""
+    """Seed Python's, torch's CPU and numpy's generators (the device resets its own).
+
+    Not `torch.manual_seed`: without an initialised GPU it queues a lazy CUDA seeding
+    call, with a formatted stack, on every call (a millisecond, and a list that grows
+    test after test). Simulated devices reseed themselves in `reset_rank`; a real GPU
+    is reseeded here.
+    """
     random.seed(seed)
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(seed)
     numpy: Any = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed(seed)

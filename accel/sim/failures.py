@@ -35,14 +35,15 @@ class RankFailure:
         """One line saying what happened to this rank."""
         if self.kind == "exception":
             short = (self.exc_type or "Exception").rsplit(".", 1)[-1]
-            return f"{short}: {self.message}" if self.message else short
+            first_line = self.message.strip().splitlines()[0] if self.message.strip() else ""
+            return f"{short}: {first_line}" if first_line else short
         if self.kind == "exit":
             return f"exited with code {self.exitcode} before returning"
         if self.kind == "signal":
             return f"killed by signal {self.signal_name}"
         if self.kind == "timeout":
             return "still running at the timeout; its stack at that moment:"
-        return "still running after another rank failed (stopped); it was here:"
+        return "still running after another rank had failed (then stopped); it was here:"
 
     def details(self) -> str:
         """The rank's own traceback, or its live stack where that is all there is."""
@@ -79,7 +80,8 @@ class DistributedFailure(RuntimeError):
         device: str | None = None,
         summary: str | None = None,
     ) -> None:
-        self.failures = dict(sorted(failures.items()))
+        # Kept in the order given: the launcher puts the likely cause first.
+        self.failures = dict(failures)
         self.stopped = dict(sorted((stopped or {}).items()))
         self.world_size = world_size
         self.device = device
@@ -87,14 +89,14 @@ class DistributedFailure(RuntimeError):
         super().__init__(self.summary)
 
     def _default_summary(self) -> str:
-        ranks = ", ".join(str(rank) for rank in self.failures)
+        ranks = ", ".join(str(rank) for rank in sorted(self.failures))
         where = f" of {self.world_size}" if self.world_size else ""
         on = f" (device {self.device!r})" if self.device else ""
         noun = "rank" if len(self.failures) == 1 else "ranks"
         return f"{noun} {ranks}{where} failed{on}"
 
     def first(self) -> RankFailure:
-        """The failure of the lowest failed rank."""
+        """The failure most likely to be the cause (the launcher orders them so)."""
         return next(iter(self.failures.values()))
 
     def report(self) -> str:

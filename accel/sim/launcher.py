@@ -15,7 +15,7 @@ from accel.sim.failures import DistributedFailure, DistributedTimeout
 
 #: exception types (qualified names) after which the ranks are still in step: a pool
 #: whose ranks all ended with one of these (or returned) is kept warm
-IN_STEP_EXCEPTIONS = frozenset({"_pytest.outcomes.Skipped"})
+IN_STEP_EXCEPTIONS = frozenset({"Skipped", "_pytest.outcomes.Skipped"})  # pytest names it as a builtin
 
 _default_manager: pools.PoolManager | None = None
 
@@ -73,20 +73,25 @@ def run_payload(
         manager.release(pool, reusable)
 
 
-def raise_for_failures(outcomes: list[pools.RankOutcome], world_size: int, device: str) -> None:
+#: which failures are listed first: a rank that died usually makes its peers' collectives
+#: fail ("connection reset by peer"), so deaths come before exceptions, and those before
+#: timeouts; within a kind, the one the parent learnt of first
+_CAUSE_ORDER = {"signal": 0, "exit": 0, "exception": 1, "timeout": 2}
+
+
+def raise_for_failures(outcomes: list[pools.RankOutcome], world_size: int, device: str, timeout: float | None = None) -> None:
     """Raise `DistributedFailure` (or `DistributedTimeout`) if any rank did not return."""
-    failures = {o.rank: o.failure for o in outcomes if o.status not in ("ok", "stopped")}
+    failed = sorted((o for o in outcomes if o.status not in ("ok", "stopped")), key=lambda o: (_CAUSE_ORDER[o.status], o.seq))
+    failures = {o.rank: o.failure for o in failed}
     stopped = {o.rank: o.failure for o in outcomes if o.status == "stopped"}
     if not failures and not stopped:
         return
     if failures and all(f.kind == "timeout" for f in failures.values()):
-        raise DistributedTimeout(failures, stopped, world_size, device, summary=_timeout_summary(failures, world_size, device))
+        ranks = ", ".join(str(rank) for rank in sorted(failures))
+        after = f" after {timeout:g} s" if timeout else ""
+        summary = f"timed out{after}: rank(s) {ranks} of {world_size} still running (device {device!r}); their stacks follow"
+        raise DistributedTimeout(failures, stopped, world_size, device, summary=summary)
     raise DistributedFailure(failures, stopped, world_size, device)
-
-
-def _timeout_summary(failures: dict, world_size: int, device: str) -> str:
-    ranks = ", ".join(str(rank) for rank in sorted(failures))
-    return f"timed out: rank(s) {ranks} of {world_size} still running (device {device!r}); their stacks follow"
 
 
 def launch(
@@ -121,7 +126,7 @@ def launch(
     check_options(world_size, device, timeout, real_device)
     payload = serialize.dumps_call(fn, args, kwargs or {})
     outcomes = run_payload(payload, world_size, device, timeout, isolated, real_device)
-    raise_for_failures(outcomes, world_size, device)
+    raise_for_failures(outcomes, world_size, device, timeout)
     return [serialize.loads(o.value) if o.value is not None else None for o in outcomes]
 
 

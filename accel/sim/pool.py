@@ -21,6 +21,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import re
 import shutil
 import signal
 import sys
@@ -45,10 +46,12 @@ MAX_WARM_RANKS = int(os.environ.get("ACCEL_SIM_MAX_WARM_RANKS", "16"))
 class RankOutcome:
     """What one rank made of one task: `status` "ok" (with `value`, serialised) or a `failure`."""
 
-    __slots__ = ("rank", "status", "value", "failure", "pg_ok")
+    __slots__ = ("rank", "status", "value", "failure", "pg_ok", "seq")
 
     def __init__(self, rank: int, status: str, value: bytes | None = None, failure: RankFailure | None = None, pg_ok: bool = False) -> None:
         self.rank, self.status, self.value, self.failure, self.pg_ok = rank, status, value, failure, pg_ok
+        #: order in which the parent learnt the outcome (earlier failures are likelier causes)
+        self.seq = 0
 
     def __repr__(self) -> str:
         return f"RankOutcome(rank={self.rank}, status={self.status!r})"
@@ -251,6 +254,7 @@ class RankPool:
             for rank in pending:
                 if self._conns[rank] in ready or self._procs[rank].sentinel in ready:
                     outcomes[rank] = self._collect(rank)
+                    outcomes[rank].seq = len(outcomes)
                     if outcomes[rank].status != "ok" and stop_at is None:
                         stop_at = time.monotonic() + grace
         left = [rank for rank in range(self.world_size) if rank not in outcomes]
@@ -259,6 +263,7 @@ class RankPool:
             stacks = self._dump_stacks(left)
             for rank in left:
                 outcomes[rank] = RankOutcome(rank, kind, failure=RankFailure(rank, kind, stack=stacks[rank]))
+                outcomes[rank].seq = len(outcomes)
             self.kill()
         elif any(outcome.status in ("exit", "signal") for outcome in outcomes.values()):
             self.kill()
@@ -300,7 +305,7 @@ class RankPool:
         except OSError:
             return ""
         self._stack_offsets[rank] += len(data)
-        return data.decode(errors="replace")
+        return trim_stack(data.decode(errors="replace"))
 
     def _dump_stacks(self, ranks: Iterable[int]) -> dict[int, str]:
         """Each live rank's Python stack, every thread, at this moment (SIGUSR1 -> faulthandler)."""
@@ -350,6 +355,33 @@ class RankPool:
                     prefix = f"[rank {rank}] "
                     stream.write("".join(prefix + line.decode(errors="replace") + "\n" for line in lines))
                     stream.flush()
+
+
+_HIDDEN_IN_STACKS = {
+    os.path.join(os.path.dirname(entry.__file__), "worker.py"),
+    entry.__file__,
+    "<string>",
+}
+_STACK_LINE = re.compile(r'^\s*File "(?P<path>[^"]*)", line \d+')
+
+
+def hide_in_stacks(path: str) -> None:
+    """Leave frames of `path` out of the stacks reported at a timeout (a runner's own file)."""
+    _HIDDEN_IN_STACKS.add(path)
+
+
+def trim_stack(text: str) -> str:
+    """A faulthandler dump without the simulator's own frames (rank loop, multiprocessing)."""
+    machinery = os.path.dirname(multiprocessing.__file__) + os.sep
+    kept = []
+    for line in text.splitlines():
+        match = _STACK_LINE.match(line)
+        if match and (match["path"] in _HIDDEN_IN_STACKS or match["path"].startswith(machinery)):
+            continue
+        if line.startswith("Extension modules:"):
+            continue
+        kept.append(line)
+    return "\n".join(kept).strip("\n") + "\n" if kept else ""
 
 
 def _kill_group(pid: int) -> None:

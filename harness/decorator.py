@@ -1,0 +1,111 @@
+"""`@distributed_test`: mark a test whose body runs inside every simulated rank.
+
+The decorator returns a stand-in that pytest collects: its signature is the body's
+plus `world_size` and `device` (so that lists of them can parametrize it, and the
+plugin always knows them), and it carries a `DistributedSpec` saying how to run the
+body. The plugin (`harness.plugin`) runs the spec instead of calling the stand-in;
+inside each rank `harness.remote` imports the test module again and calls the body.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Callable, Sequence
+
+import pytest
+
+#: fixtures whose value differs per rank: filled in inside each rank
+RANK_FIXTURES = ("rank", "local_rank")
+#: fixtures computed once in the pytest process and sent to every rank
+SHARED_FIXTURES = ("world_size", "device", "tmp_path")
+ALLOWED_FIXTURES = RANK_FIXTURES + SHARED_FIXTURES
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedSpec:
+    """How to run a distributed test: its body, its parameters, and the launch options."""
+
+    body: Callable[..., Any]
+    params: tuple[str, ...]
+    world_sizes: tuple[int, ...]
+    devices: tuple[str, ...]
+    timeout: float
+    isolated: bool
+
+
+def _as_tuple(value: Any, name: str, kind: type) -> tuple[Any, ...]:
+    values = tuple(value) if isinstance(value, (list, tuple)) else (value,)
+    if not values or not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
+        raise TypeError(f"@distributed_test({name}=...) takes a {kind.__name__} or a list of them, got {value!r}")
+    return values
+
+
+def distributed_test(
+    world_size: int | Sequence[int] = 4,
+    device: str | Sequence[str] = "cpu",
+    timeout: float = 60,
+    isolated: bool = False,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Run the decorated test's body on `world_size` simulated ranks of `device`.
+
+    `world_size` and `device` may be lists: the test is then parametrized over them
+    (and may take `world_size` / `device` as arguments). The body may take the
+    fixtures `rank`, `local_rank`, `world_size`, `device`, `tmp_path` (one directory
+    shared by all ranks) and `pytest.mark.parametrize` arguments. It runs in warm rank
+    processes that start every test clean; `isolated=True` asks for fresh ones. A test
+    still running after `timeout` seconds fails with every live rank's stack.
+    """
+    world_sizes = _as_tuple(world_size, "world_size", int)
+    devices = _as_tuple(device, "device", str)
+    if any(size < 1 for size in world_sizes):
+        raise ValueError(f"@distributed_test(world_size=...) must be positive, got {world_size!r}")
+    if not timeout or timeout <= 0:
+        raise ValueError(f"@distributed_test(timeout=...) must be a positive number of seconds, got {timeout!r}")
+
+    def decorate(body: Callable[..., Any]) -> Callable[..., Any]:
+        if not inspect.isfunction(body):
+            raise TypeError(f"@distributed_test decorates a test function, got {body!r}")
+        if inspect.iscoroutinefunction(body) or inspect.isgeneratorfunction(body):
+            raise TypeError(f"@distributed_test cannot run {body.__qualname__}: async and generator tests are not supported")
+        signature = inspect.signature(body)
+        variadic = [p.name for p in signature.parameters.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if variadic:
+            raise TypeError(f"@distributed_test: {body.__qualname__} takes *{variadic[0]}; name each fixture it needs")
+        params = tuple(signature.parameters)
+
+        @functools.wraps(body)
+        def distributed(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError(
+                f"{body.__qualname__} is a @distributed_test: run it with pytest and the accel harness plugin "
+                "(entry point 'accel_harness'), or call accel.sim.launch yourself"
+            )
+
+        extra = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY)
+            for name in ("world_size", "device")
+            if name not in signature.parameters
+        ]
+        distributed.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *extra])  # type: ignore[attr-defined]
+        distributed._accel_distributed = DistributedSpec(  # type: ignore[attr-defined]
+            body=body,
+            params=params,
+            world_sizes=world_sizes,
+            devices=devices,
+            timeout=float(timeout),
+            isolated=bool(isolated),
+        )
+        marked: Any = pytest.mark.distributed(world_size=world_size, device=device, timeout=timeout, isolated=isolated)(distributed)
+        if len(world_sizes) > 1:
+            marked = pytest.mark.parametrize("world_size", world_sizes)(marked)
+        if len(devices) > 1:
+            marked = pytest.mark.parametrize("device", devices)(marked)
+        return marked
+
+    return decorate
+
+
+def spec_of(obj: Any) -> DistributedSpec | None:
+    """The DistributedSpec of a collected test object (function or bound method), if any."""
+    return getattr(obj, "_accel_distributed", None)
