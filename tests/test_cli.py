@@ -129,6 +129,9 @@ if "--fail" in sys.argv and state.process_index == 1:
     raise ValueError("rank one fails on purpose")
 if "--exit0" in sys.argv:
     sys.exit(0)
+if "--destroy" in sys.argv:
+    state.wait_for_everyone()
+    state.destroy_process_group()  # a clean exit under torchrun: no Gloo threads left at teardown
 """
 
 
@@ -140,7 +143,25 @@ def script(tmp_path):
 
 
 def test_launch_without_simulate_runs_torchrun(script):
-    done = _run("launch", "--num_processes", "2", script, "--a")
+    done = _run("launch", "--num_processes", "2", script, "--destroy")
     assert done.returncode == 0, done.stderr
     for rank in range(2):
-        assert f"rank {rank}/2 MULTI_CPU cuda=False total=3.0 args=['--a']" in done.stdout
+        assert f"rank {rank}/2 MULTI_CPU cuda=False total=3.0 args=['--destroy']" in done.stdout
+
+
+def test_simulated_launch_runs_the_script_on_every_rank(script):
+    done = _run("launch", "--simulate", "xla", "--num_processes", "2", "--mixed_precision", "bf16", script, "--exit0", "b")
+    assert done.returncode == 0, done.stderr
+    for rank in range(2):
+        assert f"rank {rank}/2 XLA cuda=False total=3.0 args=['--exit0', 'b']" in done.stdout
+
+
+def test_simulated_launch_reports_the_failing_rank_once(script):
+    done = _run("launch", "--simulate", "cuda", "--num_processes", "3", script, "--fail")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "rank 0/3 MULTI_GPU cuda=True total=6.0" in done.stdout
+    assert done.stderr.count("ValueError: rank one fails on purpose") == 1
+    assert "[rank 1] ValueError: rank one fails on purpose" in done.stderr
+    assert f'[rank 1]   File "{script}", line' in done.stderr
+    assert "runpy" not in done.stderr
+    assert "accel launch: 1 of 3 ranks failed (rank 1)" in done.stderr

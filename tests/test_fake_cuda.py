@@ -2,55 +2,15 @@
 
 The first group patches `torch.cuda` in this test process for a block and checks the
 simulated answers; the second runs one probe per world size on real simulated ranks
-(cheap to start once, many checks each) and asserts on what every rank saw.
+(many checks each) and asserts on what every rank saw.
 """
 
 import pytest
 import torch
 
-from accel.sim import fake_cuda
+from accel.sim import fake_cuda, launch
 from accel.sim.fake_cuda import DEFAULT_CUDA_SEED, SimulatedDeviceError
 
-
-def _rank_main(rank, world_size, port, device, fn, queue):
-    import os
-    import traceback
-
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        from accel.sim.devices import prepare_rank
-
-        prepare_rank(device)
-        queue.put((rank, True, fn()))
-    except BaseException:
-        queue.put((rank, False, traceback.format_exc()))
-
-
-def launch(fn, world_size, device, timeout=60):
-    """Stand-in for accel.sim.launch while it is being written: spawned ranks, a timeout that reports."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, device, fn, queue)) for r in range(world_size)]
-    for proc in procs:
-        proc.start()
-    try:
-        results = dict((r, (ok, v)) for r, ok, v in (queue.get(timeout=timeout) for _ in procs))
-    finally:
-        for proc in procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-    failed = {r: v for r, (ok, v) in results.items() if not ok}
-    assert not failed, "\n".join(f"rank {r}:\n{tb}" for r, tb in failed.items())
-    return [results[r][1] for r in range(world_size)]
 
 # -- torch.cuda patched in this process -------------------------------------------------------
 

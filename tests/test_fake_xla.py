@@ -11,53 +11,12 @@ import sys
 import pytest
 import torch
 
+from accel.sim import launch
 from accel.sim.devices import FAKE_XLA_PATH
 
 
-def _rank_main(rank, world_size, port, device, fn, args, queue):
-    import os
-    import traceback
-
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        from accel.sim.devices import prepare_rank
-
-        prepare_rank(device)
-        queue.put((rank, True, fn(*args)))
-    except BaseException:
-        queue.put((rank, False, traceback.format_exc()))
-
-
-def launch(fn, args=(), world_size=2, device="xla", timeout=60):
-    """Stand-in for accel.sim.launch while it is being written: spawned ranks, a timeout that reports."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, device, fn, args, queue)) for r in range(world_size)]
-    for proc in procs:
-        proc.start()
-    try:
-        results = dict((r, (ok, v)) for r, ok, v in (queue.get(timeout=timeout) for _ in procs))
-    finally:
-        for proc in procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-    failed = {r: v for r, (ok, v) in results.items() if not ok}
-    assert not failed, "\n".join(f"rank {r}:\n{tb}" for r, tb in failed.items())
-    return [results[r][1] for r in range(world_size)]
-
-
-def test_torch_xla_is_not_importable_outside_simulated_ranks():
-    import accel.sim.devices  # noqa: F401  (importing the simulator must not install anything)
-
+def test_torch_xla_is_not_importable_outside_simulated_ranks(probed):
+    # `probed` ran xla ranks from this process: they must not have installed anything here.
     assert importlib.util.find_spec("torch_xla") is None
     assert FAKE_XLA_PATH not in sys.path and "torch_xla" not in sys.modules
 
@@ -195,7 +154,7 @@ def xla_probe(tmp_dir):
 @pytest.fixture(scope="module", params=[2, 4])
 def probed(request, tmp_path_factory):
     world = request.param
-    return world, launch(xla_probe, args=(str(tmp_path_factory.mktemp("xla")),), world_size=world)
+    return world, launch(xla_probe, args=(str(tmp_path_factory.mktemp("xla")),), world_size=world, device="xla")
 
 
 def test_state_and_topology(probed):

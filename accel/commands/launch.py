@@ -132,6 +132,11 @@ class ScriptExit(RuntimeError):
 
 def run_script(script: str, script_args: list[str], env: dict[str, str]) -> None:
     """Run `script` as `__main__` in this (simulated) rank, as `python script ARGS` would."""
+    from accel.sim.worker import hide_frames_of
+
+    # A failing rank's traceback then starts at the script, not in this runner.
+    hide_frames_of(__file__)
+    hide_frames_of(runpy.run_path.__code__.co_filename)  # "<frozen runpy>" on 3.11+
     os.environ.update(env)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *script_args]
@@ -140,9 +145,17 @@ def run_script(script: str, script_args: list[str], env: dict[str, str]) -> None
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exit_:
         if exit_.code not in (None, 0):
-            raise ScriptExit(f"{script} exited with status {exit_.code!r}")
+            raise ScriptExit(f"{script} exited with status {exit_.code!r} ({_where(exit_)})") from None
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def _where(error: BaseException) -> str:
+    """'file line N' of the innermost frame that raised `error` (where the script called sys.exit)."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    return f"{frames[-1].filename} line {frames[-1].lineno}" if frames else "location unknown"
 
 
 def simulate(args: argparse.Namespace) -> int:

@@ -59,6 +59,8 @@ def reset_rank(device: str) -> None:
         fake_cuda.reset()
         os.environ[ENV_VAR] = fake_cuda.SimCUDABackend.name
     else:
+        # The launcher may have restored sys.path between tests: keep torch_xla findable.
+        _install_fake_xla()
         importlib.import_module("torch_xla._sim_state").reset()
         os.environ[ENV_VAR] = "xla"
 
