@@ -38,7 +38,8 @@ class DistributedSpec:
 def _as_tuple(value: Any, name: str, kind: type) -> tuple[Any, ...]:
     values = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     if not values or not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
-        raise TypeError(f"@distributed_test({name}=...) takes a {kind.__name__} or a list of them, got {value!r}")
+        article = "an" if kind is int else "a"
+        raise TypeError(f"@distributed_test({name}=...) takes {article} {kind.__name__} or a list of them, got {value!r}")
     return values
 
 
