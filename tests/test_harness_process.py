@@ -1,0 +1,134 @@
+"""Harness behaviours that need their own pytest process: xdist, coverage, Ctrl-C and kill -9."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
+
+#: a library whose every line is run by exactly one rank and none by pytest itself, so
+#: that 100% coverage proves the lines run inside ranks were counted
+MYLIB = """
+def rank_zero_path():
+    value = 0
+    return value
+
+
+def other_ranks_path(rank):
+    value = rank * 2
+    return value
+"""
+
+COVERED_TEST = """
+from harness import distributed_test
+
+@distributed_test(world_size=2)
+def test_uses_mylib(rank):
+    import mylib
+    if rank == 0:
+        assert mylib.rank_zero_path() == 0
+    else:
+        assert mylib.other_ranks_path(rank) == 2
+"""
+
+
+def test_xdist_workers_and_pytest_cov_count_lines_run_in_ranks(pytester):
+    pytester.makepyfile(mylib=MYLIB, test_h_cov=COVERED_TEST)
+    pytester.makepyfile(
+        test_h_xdist="""
+        import pytest
+        from harness import distributed_test
+
+        @distributed_test(world_size=[2, 3])
+        @pytest.mark.parametrize("n", range(3))
+        def test_sum(rank, world_size, n):
+            import torch, torch.distributed as dist  # here: the pytest workers need no torch
+            value = torch.tensor([float(n)])
+            dist.all_reduce(value)
+            assert value.item() == n * world_size
+
+        @distributed_test(world_size=2)
+        def test_fails(rank):
+            assert rank == 0
+        """
+    )
+    result = pytester.runpytest_subprocess(*NO_HYPOTHESIS, "-n", "2", "--cov=mylib", "--cov-report=term-missing")
+    result.assert_outcomes(passed=7, failed=1)
+    result.stdout.fnmatch_lines(["*FAILED*test_fails*rank 1: AssertionError*"])
+    result.stdout.fnmatch_lines(["mylib.py * 6 * 0 * 100%*"])
+
+
+def test_coverage_run_counts_lines_run_in_ranks(pytester):
+    pytester.makepyfile(mylib=MYLIB, test_h_cov=COVERED_TEST)
+    run = pytester.run(sys.executable, "-m", "coverage", "run", "--parallel-mode", "--source=mylib", "-m", "pytest", *NO_HYPOTHESIS, "-q")
+    assert run.ret == 0, run.stdout.str()
+    assert pytester.run(sys.executable, "-m", "coverage", "combine").ret == 0
+    report = pytester.run(sys.executable, "-m", "coverage", "report", "-m")
+    report.stdout.fnmatch_lines(["mylib.py * 6 * 0 * 100%*"])
+
+
+HANGING_TEST = """
+import os, pathlib, time
+from harness import distributed_test
+
+@distributed_test(world_size=2, timeout=120)
+def test_waits(rank):
+    marker = pathlib.Path(__file__).parent / f"rank{rank}.pids"
+    marker.write_text(f"{os.getpid()} {os.getppid()}")
+    while True:
+        time.sleep(0.05)
+"""
+
+
+def _start_hanging_session(pytester):
+    pytester.makepyfile(test_h_waits=HANGING_TEST)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest", *NO_HYPOTHESIS, "-q", "-p", "no:cacheprovider", "test_h_waits.py"],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    markers = [pytester.path / f"rank{rank}.pids" for rank in (0, 1)]
+    deadline = time.monotonic() + 120
+    while not all(marker.exists() and marker.read_text() for marker in markers):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the ranks never started:\n{process.stdout.read().decode()}")
+        time.sleep(0.05)
+    pids = {int(pid) for marker in markers for pid in marker.read_text().split()}  # ranks and the fork server
+    return process, pids
+
+
+def _gone(pid, within=15.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_nothing_is_left_running_when_the_session_is_interrupted_or_killed(pytester, how):
+    process, pids = _start_hanging_session(pytester)
+    assert all(not _gone(pid, within=0) for pid in pids)
+    process.send_signal(how)
+    try:
+        process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    if how == signal.SIGINT:
+        assert process.returncode == 2  # pytest's "interrupted"
+    leftovers = [pid for pid in pids if not _gone(pid)]
+    for pid in leftovers:  # do not leak them into the rest of the suite
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers
