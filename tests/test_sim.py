@@ -198,6 +198,13 @@ def test_simulated_devices(device, expected):
     assert results[0]["sum"] == 1.0
 
 
+def test_launcher_knows_the_simulated_devices():
+    devices = pytest.importorskip("accel.sim.devices")
+    from accel.sim.launcher import DEVICES
+
+    assert DEVICES == tuple(devices.DEVICES)
+
+
 def test_rejects_bad_options():
     with pytest.raises(ValueError, match="world_size must be a positive int"):
         launch(get_pid, world_size=0)

@@ -28,13 +28,14 @@ def default_manager() -> pools.PoolManager:
     return _default_manager
 
 
+#: the simulated devices (`accel.sim.devices.DEVICES`, repeated here because importing
+#: that module imports torch, which the parent process does not need)
+DEVICES = ("cpu", "cuda", "xla")
+
+
 def known_devices() -> tuple[str, ...]:
-    """The simulated devices (from `accel.sim.devices`, or just "cpu" before it exists)."""
-    try:
-        from accel.sim.devices import DEVICES
-    except ImportError:
-        return ("cpu",)
-    return tuple(DEVICES)
+    """The devices `launch` can simulate."""
+    return DEVICES
 
 
 def check_options(world_size: int, device: str, timeout: float, real_device: bool = False) -> None:
