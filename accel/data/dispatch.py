@@ -1,0 +1,264 @@
+"""`DataLoaderDispatcher`: the main process loads, every process gets its slice by broadcast.
+
+For each global batch the main process broadcasts a small header (the nesting, shapes
+and dtypes of the batch, how many rows are real, how many are padding) and then the
+tensors themselves, one collective per dtype. Every process then keeps its rows.
+Errors on the main process (a batch that is not made of tensors, a failing dataset)
+are broadcast in the header too, so every process raises instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from accel.data.progress import _END, LoaderProgress
+from accel.utils.operations import TensorInformation, concatenate, find_batch_size, recursively_apply, slice_tensors
+
+_EMPTY = object()  # this process's share of a global batch has no rows
+
+
+def describe_batch(batch: Any, where: str = "batch") -> Any:
+    """The batch's nesting with each tensor replaced by its shape and dtype.
+
+    Raises TypeError naming the first leaf that is not a tensor: only tensors can be
+    broadcast.
+    """
+    if isinstance(batch, torch.Tensor):
+        return TensorInformation(tuple(batch.shape), batch.dtype)
+    if isinstance(batch, (list, tuple)):
+        items = [describe_batch(item, f"{where}[{i}]") for i, item in enumerate(batch)]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    if isinstance(batch, Mapping):
+        return {key: describe_batch(value, f"{where}[{key!r}]") for key, value in batch.items()}
+    raise TypeError(
+        f"DataLoaderDispatcher can only dispatch batches made of tensors (nested lists, tuples and dicts of "
+        f"tensors), but {where} is a {type(batch).__name__}: {repr(batch)[:80]}. Return tensors from the "
+        "dataset / collate_fn, or pass dispatch_batches=False so that each process loads its own batches."
+    )
+
+
+def _allocate(structure: Any, device: torch.device) -> Any:
+    return recursively_apply(
+        lambda info: torch.empty(info.shape, dtype=info.dtype, device=device),
+        structure,
+        test_type=lambda obj: isinstance(obj, TensorInformation),
+    )
+
+
+def _clone(batch: Any) -> Any:
+    return recursively_apply(torch.clone, batch)
+
+
+class DataLoaderDispatcher(LoaderProgress, DataLoader):
+    """A `DataLoader` iterated on the main process only; each process receives its slice of every batch.
+
+    The default for iterable datasets (whose samples may not be reproducible on every
+    process). A global batch is `num_processes` batches of the wrapped loader (or one,
+    with `split_batches=True`); each process gets `1 / num_processes` of its rows.
+    A short last global batch is completed with rows from the first batch
+    (`even_batches=True`; `remainder` says how many), dropped (the loader's
+    `drop_last`), or split as it is (`even_batches=False`: the last slices differ, and a
+    process whose slice is empty stops one batch earlier).
+
+    Args:
+        dataset, **kwargs: as for `torch.utils.data.DataLoader` (per-process batch size).
+        split_batches: each global batch is one batch of the wrapped loader.
+        skip_batches: global batches to skip at the start of every iteration.
+        slice_fn: `slice_fn(batch, slice, process_index=, num_processes=)` taking a
+            process's rows (default `slice_tensors`).
+        device: where to put the slices (default: the communication device).
+        rng_types / synchronized_generator: generators to synchronise at each iteration.
+        even_batches: see above.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        split_batches: bool = False,
+        skip_batches: int = 0,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        slice_fn: Callable[..., Any] | None = None,
+        *,
+        device: Any = None,
+        rng_types: Any = None,
+        synchronized_generator: torch.Generator | None = None,
+        even_batches: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        from accel.state import PartialState
+
+        super().__init__(dataset, **kwargs)
+        state = PartialState()
+        self.state = state
+        self.num_processes, self.process_index = state.num_processes, state.process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.slice_fn = slice_fn if slice_fn is not None else slice_tensors
+        self._drop_last = bool(_drop_last or self.drop_last or getattr(self.batch_sampler, "drop_last", False))
+        size = self.batch_size if self.batch_size is not None else getattr(self.batch_sampler, "batch_size", None)
+        if split_batches and (size is None or size % self.num_processes != 0):
+            raise ValueError(
+                f"split_batches=True needs a batch size that the number of processes divides: batch_size={size} "
+                f"cannot be split across num_processes={self.num_processes}. Use a batch size that is a multiple "
+                f"of {self.num_processes}, or split_batches=False."
+            )
+        if even_batches and size is None:
+            raise ValueError(
+                "even_batches=True needs batches of a fixed size, but the data loader has no batch_size (batches "
+                "of varying sizes). Pass even_batches=False to dispatch them as they are."
+            )
+        self._base_batch_size = size
+        self._init_progress(device, rng_types, synchronized_generator, skip_batches, _non_blocking)
+        self._first: Any = None
+
+    # -- sizes -----------------------------------------------------------------------------
+
+    def _global_factor(self) -> int:
+        return 1 if self.split_batches else self.num_processes
+
+    @property
+    def total_batch_size(self) -> int:
+        size = self._base_batch_size
+        return size * self._global_factor() if size is not None else None
+
+    @property
+    def _may_be_uneven(self) -> bool:
+        return not self.even_batches and self.num_processes > 1
+
+    def __len__(self) -> int:
+        base = super().__len__()
+        n = self._global_factor()
+        count = base // n if self._drop_last else -(-base // n)
+        return max(count - self.skip_batches, 0)
+
+    # -- main process: global batches ------------------------------------------------------------
+
+    def _global_batches(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        per_global = self._global_factor()
+        while True:
+            parts = list(itertools.islice(iterator, per_global))
+            if not parts:
+                return
+            yield parts[0] if len(parts) == 1 else concatenate(parts)
+
+    def _even_out(self, batch: Any) -> tuple[Any, int, int] | None:
+        """(batch, real rows, padding rows) after completing or dropping a short batch; None: dropped."""
+        rows = find_batch_size(batch)
+        size = self.total_batch_size
+        if size is None or rows == size or self.num_processes == 1:
+            return batch, rows, 0
+        if rows > size:
+            if self.even_batches:
+                raise ValueError(
+                    f"even_batches=True needs global batches of {size} rows, got one of {rows}. Pass "
+                    "even_batches=False for batches of varying sizes."
+                )
+            return batch, rows, 0
+        if self._drop_last:
+            return None
+        if not self.even_batches:
+            return batch, rows, 0
+        need = size - rows
+        source = self._first if self._first is not None else _clone(batch)
+        available = find_batch_size(source)
+        pieces = [batch] + [source] * (need // available)
+        if need % available:
+            pieces.append(slice_tensors(source, slice(0, need % available)))
+        return concatenate(pieces), rows, need
+
+    def _next_header(self, source: Iterator[Any]) -> tuple[list[Any], Any]:
+        try:
+            batch = next(source, _END)
+            if batch is _END:
+                return [("end",)], None
+            described = describe_batch(batch)
+            evened = self._even_out(batch)
+            if evened is None:  # a short last batch, dropped
+                return [("end",)], None
+            if self._first is None:
+                self._first = _clone(batch)
+            batch, rows, padding = evened
+            if padding:
+                described = describe_batch(batch)
+            return [("batch", described, rows, padding)], batch
+        except Exception as error:  # every process must learn of it, or they would wait forever
+            return [("error", f"{type(error).__name__}: {error}")], error
+
+    # -- every process ---------------------------------------------------------------------------
+
+    def _exchange(self, source: Iterator[Any] | None) -> Any:
+        """One global batch: this process's share and the batch's padding, or None at the end."""
+        from accel.utils.operations import broadcast, broadcast_object_list, send_to_device
+
+        comm_device = self.state.device
+        payload = None
+        if source is not None:
+            header, payload = self._next_header(source)
+        else:
+            header = [None]
+        broadcast_object_list(header, from_process=0)
+        kind = header[0][0]
+        if kind == "end":
+            return None
+        if kind == "error":
+            if isinstance(payload, BaseException):
+                raise payload
+            raise RuntimeError(f"DataLoaderDispatcher: the main process failed to produce a batch: {header[0][1]}")
+        _, structure, rows, padding = header[0]
+        batch = send_to_device(payload, comm_device) if source is not None else _allocate(structure, comm_device)
+        batch = broadcast(batch, from_process=0)
+        n, r = self.num_processes, self.process_index
+        if padding or rows == self.total_batch_size:
+            share = rows + padding
+            lo, hi = r * share // n, (r + 1) * share // n
+        else:
+            # An uneven last batch: contiguous slices whose sizes differ by one at most.
+            base, extra = divmod(rows, n)
+            lo = r * base + min(r, extra)
+            hi = lo + base + (1 if r < extra else 0)
+        if hi <= lo:
+            return _EMPTY
+        mine = self.slice_fn(batch, slice(lo, hi), process_index=r, num_processes=n)
+        if self.device is not None:
+            mine = send_to_device(mine, self.device, non_blocking=self.non_blocking)
+        return mine, padding
+
+    def _next_share(self, source: Iterator[Any] | None) -> Any:
+        share = self._exchange(source)
+        while share is _EMPTY:
+            share = self._exchange(source)
+        return share
+
+    def __iter__(self) -> Iterator[Any]:
+        position = self._start_epoch()
+        source = None
+        self._first = None
+        if self.process_index == 0:
+            source = self._global_batches(self._base_iterator(position * self._global_factor()))
+        self._begin()
+        try:
+            current = self._next_share(source)
+            if current is None:
+                self._complete_epoch()
+                return
+            while True:
+                upcoming = self._next_share(source)
+                if upcoming is None:
+                    break
+                self._batches_yielded += 1
+                yield current[0]
+                current = upcoming
+            self.remainder = current[1]
+            self.end_of_dataloader = True
+            self._batches_yielded += 1
+            yield current[0]
+            self._complete_epoch()
+        finally:
+            self._first = None
+            self._end()

@@ -1,0 +1,149 @@
+"""`DataLoaderShard` (each process loads its own shard) and small loader wrappers."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+from accel.data.iterable import IterableDatasetShard
+from accel.data.progress import LoaderProgress
+
+
+class DataLoaderShard(LoaderProgress, DataLoader):
+    """A `DataLoader` for one process's shard, with device placement and epoch bookkeeping.
+
+    Built by `prepare_data_loader` around a `BatchSamplerShard` (map-style datasets) or
+    an `IterableDatasetShard`. On top of a plain `DataLoader` it
+
+    - synchronises the `rng_types` generators across processes at the start of each
+      iteration (so shuffling agrees everywhere);
+    - moves each batch to `device` (when given) before fetching the next one;
+    - looks one batch ahead, to tell `GradientState` when the last batch is in use
+      (`end_of_dataloader`) and how much of the last global batch is padding
+      (`remainder`);
+    - skips its first `skip_batches` batches (from the sampler when it can, without
+      loading their data), and resumes mid-epoch through `state_dict` /
+      `load_state_dict`.
+
+    Args:
+        dataset: the dataset (already sharded for iterable datasets).
+        device: where to put every batch (None: leave them where they are).
+        rng_types: generators to synchronise at each iteration ("torch", "cuda",
+            "xla", "generator").
+        synchronized_generator: the generator meant by "generator".
+        skip_batches: batches to skip at the start of every iteration.
+        **kwargs: the arguments of `torch.utils.data.DataLoader`.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: Any = None,
+        rng_types: Any = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **kwargs)
+        self._drop_last = _drop_last
+        self._init_progress(device, rng_types, synchronized_generator, skip_batches, _non_blocking)
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self.skip_batches, 0)
+
+    @property
+    def _may_be_uneven(self) -> bool:
+        """Whether processes may end with batches of different sizes or counts (even_batches=False)."""
+        base = self._base_batch_sampler()
+        return not getattr(base, "even_batches", True) and getattr(base, "num_processes", 1) > 1
+
+    def _last_padding(self) -> int:
+        """Samples added to the last global batch of this pass (-1 if it cannot be known here)."""
+        base = self._base_batch_sampler()
+        if hasattr(base, "padding"):
+            return base.padding  # the batch sampler runs in this process, even with workers
+        if isinstance(self.dataset, IterableDatasetShard):
+            # With workers the shard runs in their processes: fall back on the dataset's length.
+            return self.dataset.padding if self.num_workers == 0 else self.dataset.expected_padding()
+        return 0
+
+    def __iter__(self) -> Iterator[Any]:
+        position = self._start_epoch()
+        iterator = self._base_iterator(position)
+        place = self._placer()
+        self._begin()
+        try:
+            try:
+                current = next(iterator)
+            except StopIteration:
+                self._complete_epoch()
+                return
+            while True:
+                if place is not None:
+                    current = place(current)
+                try:
+                    upcoming = next(iterator)
+                except StopIteration:
+                    break
+                self._batches_yielded += 1
+                yield current
+                current = upcoming
+            self.remainder = self._last_padding()
+            self.end_of_dataloader = True
+            self._batches_yielded += 1
+            yield current
+            self._complete_epoch()
+        finally:
+            self._end()
+
+
+class SkipDataLoader(DataLoader):
+    """A plain `DataLoader` that drops its first `skip_batches` batches at every iteration.
+
+    Used for iterable datasets, where batches cannot be skipped without reading them.
+    """
+
+    def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.skip_batches = skip_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(super().__iter__(), self.skip_batches, None)
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self.skip_batches, 0)
+
+
+class DeviceLoaderWrapper:
+    """A prepared loader fed through the backend's device loader (XLA's `MpDeviceLoader`).
+
+    Iterating goes through the backend's loader; everything else (`set_epoch`,
+    `total_batch_size`, `state_dict`, `len`, ...) is the prepared loader's.
+    """
+
+    def __init__(self, loader: Any, device_loader: Any, device: Any = None) -> None:
+        self._loader = loader
+        self._device_loader = device_loader
+        self._device = device
+
+    @property
+    def dataloader(self) -> Any:
+        """The prepared loader inside."""
+        return self._loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._device_loader)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        loader = self.__dict__.get("_loader")
+        if loader is None:
+            raise AttributeError(name)
+        return getattr(loader, name)

@@ -1,0 +1,256 @@
+"""What every prepared loader shares: epoch bookkeeping, RNG sync, GradientState wiring, resume.
+
+`LoaderProgress` is mixed into `DataLoaderShard` and `DataLoaderDispatcher`. It keeps
+the per-batch path free of work: everything here runs once per epoch, except one
+counter increment per batch (the resume position).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+
+from accel.data.iterable import IterableDatasetShard
+from accel.data.samplers import BatchSamplerShard, SkipBatchSampler
+from accel.utils.dataclasses import RNGType
+
+#: constructor arguments of `DataLoader` that a rebuilt loader takes over unchanged
+LOADER_ARGUMENTS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def loader_kwargs(loader: DataLoader) -> dict[str, Any]:
+    """The worker / collation arguments of `loader`, to build an equivalent one."""
+    return {name: getattr(loader, name) for name in LOADER_ARGUMENTS if hasattr(loader, name)}
+
+
+def unwrap_batch_sampler(batch_sampler: Any) -> Any:
+    """The batch sampler under any `SkipBatchSampler` wrappers."""
+    while isinstance(batch_sampler, SkipBatchSampler):
+        batch_sampler = batch_sampler.__dict__["batch_sampler"]
+    return batch_sampler
+
+
+def normalize_rng_types(rng_types: Any, generator: torch.Generator | None) -> list[RNGType]:
+    """`rng_types` as `RNGType`s; "generator" is dropped when there is no generator to synchronise."""
+    if not rng_types:
+        return []
+    if isinstance(rng_types, (str, RNGType)):
+        rng_types = [rng_types]
+    types = [RNGType(t) for t in rng_types]
+    return [t for t in types if t != RNGType.GENERATOR or generator is not None]
+
+
+class LoaderProgress:
+    """Mixin for `DataLoader` subclasses: epochs, RNG sync, GradientState, `state_dict`.
+
+    Attributes read by `GradientState` while the loader is being iterated:
+    `end_of_dataloader` (True while the last batch is in use) and `remainder` (how
+    many samples of the last global batch are padding added to even it out; -1 while
+    unknown).
+    """
+
+    def _init_progress(
+        self,
+        device: Any,
+        rng_types: Any,
+        synchronized_generator: torch.Generator | None,
+        skip_batches: int,
+        non_blocking: bool,
+    ) -> None:
+        if skip_batches < 0:
+            raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
+        self.device = device
+        self.synchronized_generator = synchronized_generator
+        self.rng_types = normalize_rng_types(rng_types, synchronized_generator)
+        self.skip_batches = skip_batches
+        self.non_blocking = non_blocking
+        self.iteration = 0
+        self.end_of_dataloader = False
+        self.remainder = -1
+        #: set when every process seeded `synchronized_generator` alike and nothing else draws
+        #: from it: its states then stay equal without a broadcast at each epoch.
+        self._generator_in_lockstep = False
+        self._batches_yielded = 0
+        self._in_epoch = False
+        self._epoch_state: dict[str, Any] = {}
+        self._resume: dict[str, Any] | None = None
+        self._skip_now = 0
+
+    # -- what the epoch's order depends on ---------------------------------------------
+
+    def _base_batch_sampler(self) -> Any:
+        sampler = self.batch_sampler if self.batch_sampler is not None else self.sampler
+        return unwrap_batch_sampler(sampler)
+
+    def _order_sampler(self) -> Any:
+        """The sampler that orders the indices (None for iterable datasets)."""
+        if isinstance(self.dataset, IterableDataset):
+            return None
+        base = self._base_batch_sampler()
+        if isinstance(base, BatchSamplerShard):
+            base = unwrap_batch_sampler(base.batch_sampler)
+        return getattr(base, "sampler", base)
+
+    def _order_generator(self) -> torch.Generator | None:
+        if self.synchronized_generator is not None:
+            return self.synchronized_generator
+        source = self._order_sampler() if not isinstance(self.dataset, IterableDataset) else self.dataset
+        generator = getattr(source, "generator", None)
+        return generator if isinstance(generator, torch.Generator) else None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch here and on the sampler and dataset that take one (`DistributedSampler`-style)."""
+        self.iteration = epoch
+        base = self._base_batch_sampler()
+        if hasattr(base, "set_epoch"):
+            base.set_epoch(epoch)
+        else:
+            sampler = self._order_sampler()
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    # -- sizes ---------------------------------------------------------------------------
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples per step over all processes."""
+        if isinstance(self.dataset, IterableDatasetShard):
+            return self.dataset.global_batch_size
+        base = self._base_batch_sampler()
+        if isinstance(base, BatchSamplerShard):
+            return base.batch_size if base.split_batches else base.batch_size * base.num_processes
+        size = self.batch_size if self.batch_size is not None else getattr(base, "batch_size", None)
+        return size * self._global_factor() if size is not None else None
+
+    def _global_factor(self) -> int:
+        return 1
+
+    @property
+    def total_dataset_length(self) -> int:
+        """Length of the whole dataset (every process's samples together)."""
+        return getattr(self.dataset, "total_length", None) or len(self.dataset)
+
+    # -- epoch start and end -------------------------------------------------------------
+
+    def _start_epoch(self) -> int:
+        """Synchronise the RNGs, apply a pending resume; return how many batches to skip."""
+        types = self.rng_types
+        if types and self._generator_in_lockstep:
+            types = [t for t in types if t != RNGType.GENERATOR]
+        if types:
+            from accel.utils.random import synchronize_rng_states
+
+            synchronize_rng_states(types, generator=self.synchronized_generator)
+        resume, self._resume = self._resume, None
+        generator, sampler = self._order_generator(), self._order_sampler()
+        position = 0
+        if resume is not None:
+            if resume.get("generator_state") is not None and generator is not None:
+                generator.set_state(resume["generator_state"])
+            if resume.get("sampler_epoch") is not None and hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(resume["sampler_epoch"])
+            position = int(resume.get("batches_yielded", 0))
+        self._epoch_state = self._order_state(generator, sampler)
+        self._batches_yielded = max(position, self.skip_batches)
+        self._in_epoch = True
+        return self._batches_yielded
+
+    @staticmethod
+    def _order_state(generator: torch.Generator | None, sampler: Any) -> dict[str, Any]:
+        return {
+            "generator_state": generator.get_state() if generator is not None else None,
+            "sampler_epoch": getattr(sampler, "epoch", None),
+        }
+
+    def _complete_epoch(self) -> None:
+        self.iteration += 1
+        self._batches_yielded = 0
+        self._in_epoch = False
+
+    def _begin(self) -> None:
+        from accel.state import GradientState
+
+        self.end_of_dataloader = False
+        self.remainder = -1
+        GradientState()._add_dataloader(self)
+
+    def _end(self) -> None:
+        from accel.state import GradientState
+
+        GradientState()._remove_dataloader(self)
+
+    # -- resume ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: enough for `load_state_dict` to resume on the next batch.
+
+        Holds the epoch counter, the batches of the current epoch already yielded, and
+        what the epoch's order depends on (the state of the order's generator at the
+        start of the epoch, the sampler's epoch).
+        """
+        if self._in_epoch:
+            order = self._epoch_state
+        else:
+            order = self._order_state(self._order_generator(), self._order_sampler())
+        return {"iteration": self.iteration, "batches_yielded": self._batches_yielded if self._in_epoch else 0, **order}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Make the next iteration resume where `state_dict` was taken (same epoch, next batch)."""
+        if "batches_yielded" not in state_dict:
+            raise ValueError(f"not a data loader state (no 'batches_yielded'): keys {sorted(state_dict)}")
+        self.iteration = state_dict.get("iteration", self.iteration)
+        self._resume = dict(state_dict)
+
+    # -- skipping at the index level -------------------------------------------------------
+
+    def _can_skip_indices(self) -> bool:
+        """Whether skipped batches can be dropped from the sampler, without loading their data."""
+        persistent = self.persistent_workers and self.num_workers > 0
+        return not isinstance(self.dataset, IterableDataset) and self.batch_sampler is not None and not persistent
+
+    @property
+    def _index_sampler(self) -> Any:
+        sampler = DataLoader._index_sampler.fget(self)
+        skip = self.__dict__.get("_skip_now", 0)
+        return SkipBatchSampler(sampler, skip) if skip else sampler
+
+    def _base_iterator(self, skip_batches: int) -> Any:
+        """A fresh iterator of the underlying DataLoader, `skip_batches` batches in."""
+        by_index = skip_batches if self._can_skip_indices() else 0
+        self._skip_now = by_index
+        try:
+            iterator = DataLoader.__iter__(self)
+        finally:
+            self._skip_now = 0
+        for _ in range(skip_batches - by_index):
+            if next(iterator, _END) is _END:
+                break
+        return iterator
+
+    def _placer(self) -> Any:
+        """The function that moves a batch to `device` (None when there is nothing to move)."""
+        if self.device is None:
+            return None
+        from accel.utils.operations import send_to_device
+
+        device, non_blocking = self.device, self.non_blocking
+        return lambda batch: send_to_device(batch, device, non_blocking=non_blocking)
+
+
+_END = object()

@@ -1,0 +1,280 @@
+"""Index samplers for sharded data loading.
+
+- `SeedableRandomSampler`: a random order that depends only on (seed, epoch), so every
+  process draws the same permutation without exchanging anything.
+- `BatchSamplerShard`: the batches of one process out of a batch sampler that every
+  process iterates identically.
+- `SkipBatchSampler`: a batch sampler minus its first batches, used to resume mid-epoch
+  without loading the data of the batches already seen.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, Sampler
+
+
+def cycle_to_length(source: Sequence[Any], length: int) -> list[Any]:
+    """The first `length` items of `source` repeated end to end (used to pad a last batch)."""
+    if length <= 0:
+        return []
+    if not source:
+        raise ValueError("cannot pad a batch from an empty source")
+    repeats = -(-length // len(source))
+    return (list(source) * repeats)[:length]
+
+
+def check_process(num_processes: int, process_index: int) -> None:
+    """Reject a process layout that cannot exist, naming the values."""
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be a positive integer, got {num_processes!r}")
+    if not isinstance(process_index, int) or not 0 <= process_index < num_processes:
+        raise ValueError(f"process_index must be in [0, {num_processes}), got {process_index!r}")
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A `RandomSampler` whose order is a function of `initial_seed + epoch` only.
+
+    Every process that builds it with the same seed draws the same permutation for a
+    given epoch, which is what sharding by index needs. The epoch advances by one after
+    each complete pass, or is set explicitly with `set_epoch` (the prepared loader
+    forwards its own `set_epoch` here).
+
+    Args:
+        data_source: the dataset whose indices are drawn.
+        replacement / num_samples: as for `RandomSampler`.
+        generator: accepted for compatibility; the order never depends on its state.
+        data_seed: the seed; defaults to `torch.initial_seed()` (set it with `set_seed`).
+    """
+
+    def __init__(
+        self,
+        data_source: Any,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        data_seed: int | None = None,
+    ) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+        self.initial_seed = int(data_seed) if data_seed is not None else torch.initial_seed()
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the permutation of `epoch` on the next pass."""
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator()
+        generator.manual_seed(self.initial_seed + self.epoch)
+        n, total = len(self.data_source), self.num_samples
+        if self.replacement:
+            order = torch.randint(high=n, size=(total,), dtype=torch.int64, generator=generator).tolist()
+        else:
+            order = []
+            while len(order) < total:
+                order.extend(torch.randperm(n, generator=generator).tolist())
+            del order[total:]
+        yield from order
+        # A complete pass moves to the next epoch, so a loop that never calls set_epoch still reshuffles.
+        self.epoch += 1
+
+
+class SkipBatchSampler(Sampler):
+    """`batch_sampler` without its first `skip_batches` batches (indices only, no data loaded)."""
+
+    def __init__(self, batch_sampler: Any, skip_batches: int = 0) -> None:
+        if skip_batches < 0:
+            raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
+        self.batch_sampler = batch_sampler
+        self.skip_batches = skip_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.skip_batches, 0)
+
+    def __getattr__(self, name: str) -> Any:
+        # batch_size, drop_last, sampler, set_epoch... are those of the wrapped sampler.
+        if name == "batch_sampler":
+            raise AttributeError(name)
+        return getattr(self.batch_sampler, name)
+
+
+class BatchSamplerShard(Sampler):
+    """The batches of process `process_index` out of `batch_sampler`.
+
+    Every process iterates the same `batch_sampler` (same order: seed it identically,
+    or let the prepared loader synchronise its generator) and keeps its share:
+
+    - `split_batches=False`: whole batches, dealt round-robin. Batches
+      `[[0,1,2,3],[4,5,6,7]]` on 2 processes give process 0 `[0,1,2,3]` and process 1
+      `[4,5,6,7]`.
+    - `split_batches=True`: a slice of every batch. The same batches give process 0
+      `[0,1]` then `[4,5]` and process 1 `[2,3]` then `[6,7]`. The batch size must
+      be a multiple of `num_processes`.
+
+    The end of the data, when it does not fill a last round (or a last batch) for
+    every process:
+
+    - if the batch sampler has `drop_last` set: the incomplete round is dropped;
+    - else with `even_batches=True`: it is completed with indices from the start of
+      the sampler, so every process yields the same number of batches, all of
+      `batch_size` (the number of added indices is kept in `padding`);
+    - else (`even_batches=False`): each process yields what is left for it, so the
+      last batches differ (some processes may have one batch fewer).
+
+    A batch sampler of varying batch sizes (no `batch_size`) needs `even_batches=False`.
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Any,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        check_process(num_processes, process_index)
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
+        #: indices added to the last round of the latest pass to even it out (0: none)
+        self.padding = 0
+        if split_batches:
+            if self.batch_size is None:
+                raise ValueError(
+                    f"split_batches=True needs a batch sampler with a batch_size; {type(batch_sampler).__name__} has none"
+                )
+            if self.batch_size % num_processes != 0:
+                raise ValueError(
+                    f"split_batches=True needs a batch size that the number of processes divides: batch_size="
+                    f"{self.batch_size} cannot be split across num_processes={num_processes}. Use a batch size that "
+                    f"is a multiple of {num_processes}, or split_batches=False."
+                )
+        if even_batches and self.batch_size is None:
+            raise ValueError(
+                f"even_batches=True needs batches of a fixed size, but {type(batch_sampler).__name__} has no "
+                "batch_size (batches of varying sizes). Pass even_batches=False to shard it as it is."
+            )
+
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @property
+    def total_length(self) -> int:
+        return len(self.batch_sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the wrapped batch sampler or its sampler (whichever has `set_epoch`)."""
+        for target in (self.batch_sampler, self.sampler):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(epoch)
+                return
+
+    def __len__(self) -> int:
+        total, n, r = len(self.batch_sampler), self.num_processes, self.process_index
+        if self.split_batches:
+            if self.drop_last or self.even_batches:
+                return total
+            last = self._last_batch_size()
+            if total == 0 or last is None or last == self.batch_size:
+                return total
+            return total - 1 + (1 if last > r * (self.batch_size // n) else 0)
+        if self.drop_last:
+            return total // n
+        if self.even_batches:
+            return math.ceil(total / n)
+        return len(range(r, total, n))
+
+    def _last_batch_size(self) -> int | None:
+        """Size of the last batch of a standard `BatchSampler` over a sized sampler (None if unknown)."""
+        if not isinstance(self.batch_sampler, BatchSampler):
+            return None
+        try:
+            count = len(self.batch_sampler.sampler)
+        except TypeError:
+            return None
+        return count % self.batch_size or self.batch_size
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        self.padding = 0
+        if self.num_processes == 1:
+            return iter(self.batch_sampler)
+        return self._iter_split() if self.split_batches else self._iter_rounds()
+
+    def _varying(self, size: int, previous_short: bool) -> ValueError:
+        return ValueError(
+            f"even_batches=True needs every batch but the last to have batch_size={self.batch_size}, but the batch "
+            f"sampler yielded a batch of {size} indices{' after a shorter one' if previous_short else ''}. "
+            "Pass even_batches=False for batch samplers of varying batch sizes."
+        )
+
+    def _iter_split(self) -> Iterator[list[Any]]:
+        batch_size = self.batch_size
+        share = batch_size // self.num_processes
+        lo, hi = self.process_index * share, (self.process_index + 1) * share
+        uneven = not self.even_batches and not self.drop_last
+        first: list[Any] | None = None
+        short: list[Any] | None = None
+        for batch in self.batch_sampler:
+            size = len(batch)
+            if uneven:
+                if size > lo:
+                    yield batch[lo:hi]
+                continue
+            if self.even_batches and (short is not None or size > batch_size):
+                raise self._varying(size, short is not None)
+            if size == batch_size:
+                if first is None:
+                    first = batch
+                yield batch[lo:hi]
+            elif not self.drop_last:
+                short = batch
+        if short is None or self.drop_last:
+            return
+        # A short last batch, completed with indices from the start of the epoch.
+        self.padding = batch_size - len(short)
+        yield (list(short) + cycle_to_length(first if first is not None else short, self.padding))[lo:hi]
+
+    def _iter_rounds(self) -> Iterator[list[Any]]:
+        n, r, batch_size = self.num_processes, self.process_index, self.batch_size
+        uneven = not self.even_batches and not self.drop_last
+        pad = self.even_batches and not self.drop_last
+        head: list[Any] = []  # the first n * batch_size indices: what pads the last round
+        pending: list[Any] = []  # batches of the round in progress
+        short = False
+        for batch in self.batch_sampler:
+            full = batch_size is None or len(batch) == batch_size
+            if self.even_batches and (short or len(batch) > batch_size):
+                raise self._varying(len(batch), short)
+            short = not full
+            if pad and len(head) < n * batch_size:
+                head.extend(batch)
+            pending.append(batch)
+            if len(pending) == n:
+                if full or uneven:
+                    yield pending[r]
+                    pending = []
+                elif self.drop_last:
+                    pending = []
+                # else: a complete round ending short; it must be the last, padded below.
+        if not pending or self.drop_last:
+            return
+        if uneven:
+            if r < len(pending):
+                yield pending[r]
+            return
+        indices = [i for batch in pending for i in batch]
+        self.padding = n * batch_size - len(indices)
+        indices.extend(cycle_to_length(head, self.padding))
+        yield indices[r * batch_size : (r + 1) * batch_size]
