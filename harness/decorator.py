@@ -83,6 +83,12 @@ def distributed_test(
                 "(entry point 'accel_harness'), or call accel.sim.launch yourself"
             )
 
+        # The stand-in must not look like a hypothesis test to pytest's hypothesis plugin:
+        # @given runs inside the ranks (on `body`), and the plugin's checks of the
+        # stand-in (function-scoped fixtures such as `rank`) do not apply to it.
+        for name in [key for key in vars(distributed) if key in ("hypothesis", "is_hypothesis_test") or key.startswith("_hypothesis")]:
+            delattr(distributed, name)
+
         extra = [
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY)
             for name in ("world_size", "device")

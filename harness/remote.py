@@ -41,6 +41,8 @@ class TestCall:
     kwargs: bytes
     #: per-rank fixtures the body takes ("rank", "local_rank")
     rank_params: tuple[str, ...]
+    #: for a hypothesis test, the seed every rank uses, so that all draw the same examples
+    hypothesis_seed: int | None = None
 
 
 def run_test(call: TestCall) -> None:
@@ -53,7 +55,19 @@ def run_test(call: TestCall) -> None:
     kwargs = serialize.loads(call.kwargs)
     per_rank = {"rank": int(os.environ["RANK"]), "local_rank": int(os.environ["LOCAL_RANK"])}
     kwargs.update({name: per_rank[name] for name in call.rank_params})
+    if call.hypothesis_seed is not None:
+        _seed_hypothesis(getattr(function, "__func__", function), call.hypothesis_seed)
     function(**kwargs)
+
+
+def _seed_hypothesis(test: Any, seed: int) -> None:
+    # Unless the test pins its own seed (@seed, derandomize), every rank must draw the
+    # same examples, or their collectives would not match.
+    if getattr(test, "_hypothesis_internal_use_seed", None) is None or getattr(test, "_accel_seeded", False):
+        import hypothesis
+
+        hypothesis.seed(seed)(test)
+        test._accel_seeded = True
 
 
 def load_module(name: str, path: str) -> Any:

@@ -10,6 +10,7 @@ traceback, prefixed with its rank, then where the other ranks were waiting.
 from __future__ import annotations
 
 import os
+import random
 from typing import Any
 
 import pytest
@@ -47,13 +48,16 @@ def run_item(item: pytest.Function, spec: DistributedSpec, manager: PoolManager,
     __tracebackhide__ = True
     world_size, device = item.funcargs["world_size"], item.funcargs["device"]
     launcher.check_options(world_size, device, spec.timeout, real_device)
-    function = item.function
+    # The name pytest collected (the function's own __qualname__ may be that of a
+    # wrapper, e.g. hypothesis' @given).
+    qualname = item.originalname if item.cls is None else f"{item.cls.__qualname__}.{item.originalname}"
     call = remote.TestCall(
         module=item.module.__name__,
         path=os.path.abspath(item.module.__file__),
-        qualname=function.__qualname__,
+        qualname=qualname,
         kwargs=serialize.dumps(shared_kwargs(item, spec)),
         rank_params=tuple(name for name in spec.params if name in RANK_FIXTURES),
+        hypothesis_seed=random.SystemRandom().getrandbits(64) if getattr(spec.body, "is_hypothesis_test", False) else None,
     )
     payload = serialize.dumps_call(remote.run_test, (call,), {})
     try:

@@ -363,3 +363,31 @@ def test_calling_the_stand_in_directly_says_how_to_run_it():
 
     with pytest.raises(RuntimeError, match="run it with pytest and the accel harness plugin"):
         body()
+
+
+def test_hypothesis_draws_the_same_examples_on_every_rank(pytester):
+    pytester.makepyfile(
+        test_h_hypothesis="""
+        from hypothesis import given, settings, strategies as st
+        from harness import distributed_test
+
+        @distributed_test(world_size=2)
+        @settings(max_examples=15, deadline=None, database=None)
+        @given(x=st.integers(0, 10**6))
+        def test_same_x_everywhere(rank, world_size, x):
+            import torch, torch.distributed as dist
+            value = torch.tensor([float(x)], dtype=torch.float64)
+            dist.all_reduce(value)
+            assert value.item() == x * world_size
+
+        @distributed_test(world_size=2)
+        @settings(max_examples=50, deadline=None, database=None)
+        @given(x=st.integers(0, 1000))
+        def test_shrinks_in_every_rank(rank, x):
+            assert x < 500
+        """
+    )
+    result = run(pytester)
+    result.assert_outcomes(passed=1, failed=1)
+    for rank in (0, 1):  # each rank shrank to the same minimal example
+        result.stdout.fnmatch_lines([f"*[[]rank {rank}[]]     x=500,*"])

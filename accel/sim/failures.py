@@ -48,7 +48,8 @@ class RankFailure:
     def details(self) -> str:
         """The rank's own traceback, or its live stack where that is all there is."""
         if self.kind == "exception":
-            return self.traceback
+            # Without a single frame of its own, the traceback would only repeat the headline.
+            return self.traceback if 'File "' in self.traceback else ""
         return self.stack
 
     def format(self) -> str:
