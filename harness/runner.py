@@ -46,6 +46,8 @@ def unknown_fixtures(item: pytest.Function, spec: DistributedSpec) -> list[str]:
 def run_item(item: pytest.Function, spec: DistributedSpec, manager: PoolManager, real_device: bool) -> None:
     """Run the item's body on its ranks; returns on success, raises pytest's outcome otherwise."""
     __tracebackhide__ = True
+    if FAILURE_KEY in item.stash:  # from an earlier run of this item (e.g. a rerun plugin)
+        del item.stash[FAILURE_KEY]
     world_size, device = item.funcargs["world_size"], item.funcargs["device"]
     launcher.check_options(world_size, device, spec.timeout, real_device)
     # The name pytest collected (the function's own __qualname__ may be that of a

@@ -82,6 +82,7 @@ def wait_forever_in_barrier():
 
     from accel.state import PartialState
 
+    print(f"rank {PartialState().process_index} is about to wait", flush=True)
     if PartialState().process_index == 0:
         dist.barrier()  # rank 1 never joins
     else:
@@ -281,7 +282,7 @@ def test_signal_is_reported_by_name():
     assert "[rank 0] killed by signal SIGKILL" in str(error)
 
 
-def test_hang_times_out_with_every_live_rank_stack_and_kills_them():
+def test_hang_times_out_with_every_live_rank_stack_and_kills_them(capsys):
     pids = launch(get_pid, world_size=2)
     started = time.monotonic()
     with pytest.raises(DistributedTimeout) as info:
@@ -293,6 +294,7 @@ def test_hang_times_out_with_every_live_rank_stack_and_kills_them():
     assert "in barrier" in error.failures[0].stack and "wait_forever_in_barrier" in error.failures[0].stack
     assert "spin_here" in error.failures[1].stack
     assert "timed out after 2 s" in str(error)
+    assert "[rank 1] rank 1 is about to wait" in capsys.readouterr().out  # relayed before the kill
     for pid in pids:  # the hung pool was the warm one: it is gone
         assert not _alive(pid)
 

@@ -264,10 +264,9 @@ class RankPool:
             for rank in left:
                 outcomes[rank] = RankOutcome(rank, kind, failure=RankFailure(rank, kind, stack=stacks[rank]))
                 outcomes[rank].seq = len(outcomes)
+        self.relay(final=True)  # before a kill: what the ranks printed last often explains it
+        if left or any(outcome.status in ("exit", "signal") for outcome in outcomes.values()):
             self.kill()
-        elif any(outcome.status in ("exit", "signal") for outcome in outcomes.values()):
-            self.kill()
-        self.relay(final=True)
         return [outcomes[rank] for rank in range(self.world_size)]
 
     def _collect(self, rank: int) -> RankOutcome:
