@@ -148,6 +148,14 @@ def cuda_probe():
     hw.manual_seed(1234 + rank)
     seen["rng_equal"] = hw.get_rng_state().equal(torch.cuda.get_rng_state())
     seen["initial_seed"] = torch.cuda.initial_seed()
+    import os
+
+    from accel.backends import select_backend
+
+    del os.environ["ACCEL_BACKEND"]  # chosen by availability, or by the name "cuda": still simulated
+    seen["selected"] = type(select_backend()).__name__
+    os.environ["ACCEL_BACKEND"] = "cuda"
+    seen["selected_by_name"] = type(select_backend()).__name__
     try:
         torch.ones(1).cuda()
     except SimulatedDeviceError as error:
@@ -171,6 +179,7 @@ def test_ranks_see_simulated_gpus(probed):
         assert s["set_device_calls"] == [rank]
         assert s["initial_seed"] == 1234 + rank and s["rng_equal"]
         assert "simulator" in s["error"]
+        assert s["selected"] == s["selected_by_name"] == "SimCUDABackend"
 
 
 def test_cuda_backend_collectives_run_on_gloo(probed):

@@ -210,3 +210,39 @@ def test_accel_xla_backend_runs_unchanged(probed):
         assert s["hw_rng"] == (5, 5) and s["hw_rng_set"] == 9
         assert s["after_reset"] == (101, 0, "xla")
         assert s["spawn"] == [(rank, "go")]
+
+
+def lone_replica_probe(tmp_dir):
+    """One rank, no process group: torch_xla's collectives are the identity, as on one core."""
+    import os
+
+    import torch.distributed as dist
+
+    import torch_xla.core.xla_model as xm
+    from accel.state import PartialState
+
+    state = PartialState()
+    value = torch.tensor([2.0, 3.0])
+    path = os.path.join(tmp_dir, "one.pt")
+    xm.save({"v": value}, path)
+    param = torch.nn.Parameter(torch.ones(2))
+    param.grad = torch.full((2,), 0.5)
+    xm.optimizer_step(torch.optim.SGD([param], lr=1.0))
+    return {
+        "type": str(state.distributed_type),
+        "initialized": dist.is_initialized(),
+        "reduce": xm.all_reduce(xm.REDUCE_SUM, value, scale=0.5).tolist(),
+        "gather": xm.all_gather(value).tolist(),
+        "rendezvous": xm.rendezvous("alone", b"p"),
+        "mesh": xm.mesh_reduce("alone", 4, sum),
+        "saved": torch.load(path)["v"].tolist(),
+        "param": param.detach().tolist(),
+    }
+
+
+def test_a_lone_replica_needs_no_process_group(tmp_path):
+    (seen,) = launch(lone_replica_probe, args=(str(tmp_path),), world_size=1, device="xla")
+    assert seen == {
+        "type": "XLA", "initialized": False, "reduce": [1.0, 1.5], "gather": [2.0, 3.0],
+        "rendezvous": [b"p"], "mesh": 4, "saved": [2.0, 3.0], "param": [0.5, 0.5],
+    }

@@ -42,6 +42,9 @@ def prepare_rank(device: str) -> None:
 
         fake_cuda.install()
         register_backend(fake_cuda.SimCUDABackend, replace=True)
+        # Here torch.cuda says a GPU is present, so whatever asks the registry for "cuda"
+        # (by name or by availability) must get the simulated backend, never NCCL.
+        register_backend(fake_cuda.SimCUDABackend, "cuda", replace=True)
         os.environ[ENV_VAR] = fake_cuda.SimCUDABackend.name
     else:
         _install_fake_xla()

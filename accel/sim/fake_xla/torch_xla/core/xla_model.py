@@ -2,7 +2,8 @@
 
 The XLA device is `torch.device("cpu")`. Collectives use the default process group,
 which must be initialised first (`accel`'s `PartialState` does it through the `xla`
-backend); replica sub-groups (`groups=`) are not simulated. Semantics follow
+backend) unless there is a single replica, for which every collective is the identity;
+replica sub-groups (`groups=`) are not simulated. Semantics follow
 torch_xla's: `all_reduce` of a single tensor returns a new tensor, of a list reduces in
 place; `all_gather` concatenates along `dim`; `rendezvous` is also a barrier.
 """
@@ -77,29 +78,34 @@ def master_print(*args: Any, fd: Any = None, finalize: bool = False) -> None:
 # -- collectives ---------------------------------------------------------------------------
 
 
-def _check_group(groups: Any) -> None:
-    if not dist.is_initialized():
-        raise RuntimeError(
-            "torch_xla (accel simulator): no process group; create accel's PartialState() first, "
-            "or torch.distributed.init_process_group('xla', init_method='xla://')"
-        )
+def _distributed(groups: Any) -> bool:
+    """Whether collectives must go over the process group (False: a lone replica, no group)."""
     if groups:
         raise NotImplementedError(
             "torch_xla (accel simulator): replica groups (groups=...) are not simulated; "
             "collectives run over all replicas"
         )
+    if dist.is_initialized():
+        return True
+    if xr.world_size() == 1:
+        return False  # one replica: every collective is the identity, as on one TPU core
+    raise RuntimeError(
+        "torch_xla (accel simulator): no process group; create accel's PartialState() first, "
+        "or torch.distributed.init_process_group('xla', init_method='xla://')"
+    )
 
 
 def all_reduce(reduce_type: str, inputs: Any, scale: float = 1.0, groups: Any = None, pin_layout: bool = True) -> Any:
     """Reduce across replicas; a tensor gives a new tensor, a list is reduced in place and returned."""
-    _check_group(groups)
+    distributed = _distributed(groups)
     if reduce_type not in _REDUCE_OPS:
         raise ValueError(f"unknown reduce_type {reduce_type!r}; use one of xm.REDUCE_* {sorted(_REDUCE_OPS)}")
     op = _REDUCE_OPS[reduce_type]
     single = isinstance(inputs, torch.Tensor)
     tensors = [inputs.clone()] if single else list(inputs)
     for tensor in tensors:
-        dist.all_reduce(tensor, op=op)
+        if distributed:
+            dist.all_reduce(tensor, op=op)
         if scale != 1.0:
             tensor.mul_(scale)
     return tensors[0] if single else inputs
@@ -107,11 +113,13 @@ def all_reduce(reduce_type: str, inputs: Any, scale: float = 1.0, groups: Any = 
 
 def all_gather(value: torch.Tensor, dim: int = 0, groups: Any = None, output: torch.Tensor | None = None, pin_layout: bool = True) -> torch.Tensor:
     """Concatenate every replica's equal-shaped `value` along `dim`."""
-    _check_group(groups)
     value = value.contiguous()
-    parts = [torch.empty_like(value) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, value)
-    result = torch.cat(parts, dim=dim)
+    if _distributed(groups):
+        parts = [torch.empty_like(value) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, value)
+        result = torch.cat(parts, dim=dim)
+    else:
+        result = value.clone()
     if output is not None:
         output.copy_(result)
         return output
@@ -120,7 +128,8 @@ def all_gather(value: torch.Tensor, dim: int = 0, groups: Any = None, output: to
 
 def collective_broadcast(tensors: list[torch.Tensor], root_ordinal: int = 0, groups: Any = None, pin_layout: bool = True) -> None:
     """Overwrite `tensors` in place on every replica with those of `root_ordinal`."""
-    _check_group(groups)
+    if not _distributed(groups):
+        return
     for tensor in tensors:
         dist.broadcast(tensor, src=root_ordinal)
 
@@ -130,7 +139,8 @@ def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] | None = None
 
     Replicas that reach different tags fail with an error naming them (the real one hangs).
     """
-    _check_group(replicas)
+    if not _distributed(replicas):
+        return [bytes(payload)]
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (tag, bytes(payload)))
     tags = [item[0] for item in gathered]
@@ -141,7 +151,8 @@ def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] | None = None
 
 def mesh_reduce(tag: str, data: Any, reduce_fn: Callable[[list[Any]], Any]) -> Any:
     """`reduce_fn` of the list of every replica's picklable `data` (through the CPU)."""
-    _check_group(None)
+    if not _distributed(None):
+        return reduce_fn([_to_cpu(data)])
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (tag, _to_cpu(data)))
     tags = {item[0] for item in gathered}
@@ -204,8 +215,7 @@ def save(data: Any, file_or_path: Any, master_only: bool = True, global_master: 
     """`torch.save` of `data` moved to the CPU, by the master replica only (unless `master_only=False`), then a rendezvous."""
     if not master_only or is_master_ordinal(local=not global_master):
         torch.save(_to_cpu(data), file_or_path)
-    if dist.is_initialized():
-        rendezvous("torch_xla.core.xla_model.save")
+    rendezvous("torch_xla.core.xla_model.save")
 
 
 # -- random numbers ---------------------------------------------------------------------------
