@@ -90,20 +90,21 @@ def test_run_script_runs_main_with_its_argv(tmp_path, monkeypatch):
 
 
 def test_failures_are_reported_once_per_rank_with_a_prefix():
-    failures = {
+    failures = {  # in the launcher's order: the likely cause first
         2: SimpleNamespace(kind="exception", traceback="Traceback (most recent call last):\n  boom\nValueError: x\n",
                            exc_type="ValueError", message="x"),
         0: SimpleNamespace(kind="signal", signal_name="SIGKILL"),
         1: SimpleNamespace(kind="exit", exitcode=3),
         3: SimpleNamespace(kind="timeout", stack="  File 'a.py', line 1, in wait"),
     }
-    text = launch.format_failures(failures, world_size=4)
+    text = launch.format_failures(failures, world_size=5, stopped={4: SimpleNamespace(kind="stopped")})
     lines = text.splitlines()
-    assert lines[0] == "[rank 0] killed by signal SIGKILL"
-    assert lines[1] == "[rank 1] exited with code 3"
-    assert lines[2:5] == ["[rank 2] Traceback (most recent call last):", "[rank 2]   boom", "[rank 2] ValueError: x"]
+    assert lines[:3] == ["[rank 2] Traceback (most recent call last):", "[rank 2]   boom", "[rank 2] ValueError: x"]
+    assert lines[3] == "[rank 0] killed by signal SIGKILL"
+    assert lines[4] == "[rank 1] exited with code 3"
     assert lines[5].startswith("[rank 3] timed out") and lines[6] == "[rank 3]   File 'a.py', line 1, in wait"
-    assert lines[-1] == "accel launch: 4 of 4 ranks failed (rank 0, 1, 2, 3)"
+    assert lines[7] == "[rank 4] stopped: still running after another rank had failed"
+    assert lines[-1] == "accel launch: 4 of 5 ranks failed (rank 0, 1, 2, 3)"
     assert text.count("ValueError: x") == 1
 
 

@@ -175,7 +175,7 @@ def simulate(args: argparse.Namespace) -> int:
         )
     except DistributedFailure as failure:
         sys.stdout.flush()
-        print(format_failures(failure.failures, world_size), file=sys.stderr)
+        print(format_failures(failure.failures, world_size, getattr(failure, "stopped", None)), file=sys.stderr)
         return 1
     return 0
 
@@ -194,12 +194,15 @@ def describe_failure(failure: Any) -> str:
     return text.rstrip("\n")
 
 
-def format_failures(failures: dict[int, Any], world_size: int) -> str:
-    """Every failing rank's report, each line prefixed `[rank N]`, then a one-line summary."""
+def format_failures(failures: dict[int, Any], world_size: int, stopped: dict[int, Any] | None = None) -> str:
+    """Every failing rank's report (in the launcher's order: likely cause first), each line
+    prefixed `[rank N]`; then one line per rank stopped because of them; then a summary."""
     blocks = []
-    for rank in sorted(failures):
-        lines = describe_failure(failures[rank]).splitlines() or [""]
+    for rank, failure in failures.items():
+        lines = describe_failure(failure).splitlines() or [""]
         blocks.append("\n".join(f"[rank {rank}] {line}" for line in lines))
+    for rank in sorted(stopped or {}):
+        blocks.append(f"[rank {rank}] stopped: still running after another rank had failed")
     ranks = ", ".join(str(rank) for rank in sorted(failures))
     blocks.append(f"accel launch: {len(failures)} of {world_size} ranks failed (rank {ranks})")
     return "\n".join(blocks)
