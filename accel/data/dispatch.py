@@ -116,6 +116,7 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         self._base_batch_size = size
         self._init_progress(device, rng_types, synchronized_generator, skip_batches, _non_blocking)
         self._first: Any = None
+        self._pending: Any = _END  # main process: the prepared next global batch (_END: not fetched yet)
 
     # -- sizes -----------------------------------------------------------------------------
 
@@ -172,28 +173,39 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
             pieces.append(slice_tensors(source, slice(0, need % available)))
         return concatenate(pieces), rows, need
 
+    def _prepare_next(self, source: Iterator[Any]) -> tuple[Any, Any, int, int] | None:
+        """(global batch, its description, real rows, padding rows), or None when there is none left."""
+        batch = next(source, _END)
+        if batch is _END:
+            return None
+        described = describe_batch(batch)
+        evened = self._even_out(batch)
+        if evened is None:  # a short last batch, dropped
+            return None
+        if self._first is None:
+            self._first = _clone(batch)
+        batch, rows, padding = evened
+        return batch, describe_batch(batch) if padding else described, rows, padding
+
     def _next_header(self, source: Iterator[Any]) -> tuple[list[Any], Any]:
+        """Main process: the header of the next global batch, and the batch (or the error met)."""
         try:
-            batch = next(source, _END)
-            if batch is _END:
+            if self._pending is _END:
+                self._pending = self._prepare_next(source)
+            current = self._pending
+            if current is None:
                 return [("end",)], None
-            described = describe_batch(batch)
-            evened = self._even_out(batch)
-            if evened is None:  # a short last batch, dropped
-                return [("end",)], None
-            if self._first is None:
-                self._first = _clone(batch)
-            batch, rows, padding = evened
-            if padding:
-                described = describe_batch(batch)
-            return [("batch", described, rows, padding)], batch
+            # One global batch ahead, so that the header can say which batch is the last.
+            self._pending = self._prepare_next(source)
+            batch, described, rows, padding = current
+            return [("batch", described, rows, padding, self._pending is None)], batch
         except Exception as error:  # every process must learn of it, or they would wait forever
             return [("error", f"{type(error).__name__}: {error}")], error
 
     # -- every process ---------------------------------------------------------------------------
 
     def _exchange(self, source: Iterator[Any] | None) -> Any:
-        """One global batch: this process's share and the batch's padding, or None at the end."""
+        """One global batch, as (this process's share or _EMPTY, padding, is last); None if there is none."""
         from accel.utils.operations import broadcast, broadcast_object_list, send_to_device
 
         comm_device = self.state.device
@@ -210,55 +222,55 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
             if isinstance(payload, BaseException):
                 raise payload
             raise RuntimeError(f"DataLoaderDispatcher: the main process failed to produce a batch: {header[0][1]}")
-        _, structure, rows, padding = header[0]
+        _, structure, rows, padding, last = header[0]
+        n, r = self.num_processes, self.process_index
+        if rows < n and not last:
+            raise ValueError(
+                f"DataLoaderDispatcher cannot give each of {n} processes a part of a global batch of {rows} rows; "
+                "only the last batch may be smaller than the number of processes."
+            )
         batch = send_to_device(payload, comm_device) if source is not None else _allocate(structure, comm_device)
         batch = broadcast(batch, from_process=0)
-        n, r = self.num_processes, self.process_index
         if padding or rows == self.total_batch_size:
             share = rows + padding
             lo, hi = r * share // n, (r + 1) * share // n
         else:
-            # An uneven last batch: contiguous slices whose sizes differ by one at most.
+            # An uneven batch: contiguous slices whose sizes differ by one at most.
             base, extra = divmod(rows, n)
             lo = r * base + min(r, extra)
             hi = lo + base + (1 if r < extra else 0)
         if hi <= lo:
-            return _EMPTY
+            return _EMPTY, padding, last
         mine = self.slice_fn(batch, slice(lo, hi), process_index=r, num_processes=n)
         if self.device is not None:
             mine = send_to_device(mine, self.device, non_blocking=self.non_blocking)
-        return mine, padding
-
-    def _next_share(self, source: Iterator[Any] | None) -> Any:
-        share = self._exchange(source)
-        while share is _EMPTY:
-            share = self._exchange(source)
-        return share
+        return mine, padding, last
 
     def __iter__(self) -> Iterator[Any]:
         position = self._start_epoch()
         source = None
-        self._first = None
+        self._first, self._pending = None, _END
         if self.process_index == 0:
             source = self._global_batches(self._base_iterator(position * self._global_factor()))
         self._begin()
         try:
-            current = self._next_share(source)
-            if current is None:
-                self._complete_epoch()
-                return
-            while True:
-                upcoming = self._next_share(source)
-                if upcoming is None:
+            step = self._exchange(source)
+            # Every process makes the same exchanges: one per global batch, one batch ahead.
+            while step is not None:
+                share, padding, last = step
+                upcoming = None if last else self._exchange(source)
+                if upcoming is not None and upcoming[0] is _EMPTY:
+                    # Nothing for this process in the (last) next batch: this one is its last.
+                    padding, last, upcoming = upcoming[1], True, None
+                if share is _EMPTY:
                     break
+                if last:
+                    self.remainder = padding
+                    self.end_of_dataloader = True
                 self._batches_yielded += 1
-                yield current[0]
-                current = upcoming
-            self.remainder = current[1]
-            self.end_of_dataloader = True
-            self._batches_yielded += 1
-            yield current[0]
+                yield share
+                step = upcoming
             self._complete_epoch()
         finally:
-            self._first = None
+            self._first, self._pending = None, _END
             self._end()
