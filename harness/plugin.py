@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from accel.sim import pool as pools
+from accel.sim import forking, stacks
+from accel.sim.manager import PoolManager, new_manager
 from harness import remote, runner
 from harness.decorator import DistributedSpec, spec_of
 
-MANAGER_KEY = pytest.StashKey[pools.PoolManager]()
+MANAGER_KEY = pytest.StashKey[PoolManager]()
 #: rank modules the fork server should import once rather than every rank
 _RANK_PRELOAD = ("harness.remote", "_pytest.assertion.rewrite")
 
@@ -40,9 +41,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a real CUDA GPU (skipped without one)")
     config.addinivalue_line("markers", "multi_gpu: needs at least two real CUDA GPUs (skipped otherwise)")
     config.addinivalue_line("markers", "tpu: needs a real TPU through torch_xla (skipped without one)")
-    pools.add_preload(*_RANK_PRELOAD)
-    pools.hide_in_stacks(remote.__file__)
-    config.stash[MANAGER_KEY] = pools.new_manager()
+    forking.add_preload(*_RANK_PRELOAD)
+    stacks.hide_in_stacks(remote.__file__)
+    config.stash[MANAGER_KEY] = new_manager()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -17,7 +17,8 @@ import pytest
 
 from accel.sim import launcher, serialize
 from accel.sim.failures import DistributedFailure
-from accel.sim.pool import PoolManager, RankOutcome
+from accel.sim.manager import PoolManager
+from accel.sim.pool import RankOutcome
 from harness import remote
 from harness.decorator import RANK_FIXTURES, DistributedSpec
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
+from accel.sim import manager as managers
 from accel.sim import pool as pools
 from accel.sim import serialize
 from accel.sim.failures import DistributedFailure, DistributedTimeout
@@ -17,14 +18,14 @@ from accel.sim.failures import DistributedFailure, DistributedTimeout
 #: whose ranks all ended with one of these (or returned) is kept warm
 IN_STEP_EXCEPTIONS = frozenset({"Skipped", "_pytest.outcomes.Skipped"})  # pytest names it as a builtin
 
-_default_manager: pools.PoolManager | None = None
+_default_manager: managers.PoolManager | None = None
 
 
-def default_manager() -> pools.PoolManager:
+def default_manager() -> managers.PoolManager:
     """The process-wide pool manager used by `launch`."""
     global _default_manager
     if _default_manager is None:
-        _default_manager = pools.new_manager()
+        _default_manager = managers.new_manager()
     return _default_manager
 
 
@@ -55,7 +56,7 @@ def run_payload(
     timeout: float,
     isolated: bool = False,
     real_device: bool = False,
-    manager: pools.PoolManager | None = None,
+    manager: managers.PoolManager | None = None,
     in_step_exceptions: Iterable[str] = IN_STEP_EXCEPTIONS,
 ) -> list[pools.RankOutcome]:
     """Run a serialised call on the ranks; the outcomes, one per rank (raises only if ranks cannot start)."""

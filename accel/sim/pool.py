@@ -2,9 +2,10 @@
 
 Starting a rank means importing torch (seconds) and creating a process group; running
 a trivial test on a warm rank takes milliseconds. So ranks are forked from a fork
-server that imported torch and accel once, kept per (world size, device), and reused
-until a task leaves them in doubt (a failure, a death, a destroyed process group),
-when the pool is thrown away and the next task gets fresh ranks.
+server that imported torch and accel once (`accel.sim.forking`), kept per (world size,
+device) by `accel.sim.manager`, and reused until a task leaves them in doubt (a
+failure, a death, a destroyed process group), when the pool is thrown away and the
+next task gets fresh ranks.
 
 A `RankPool` runs one task at a time: it sends the task to every rank, waits for the
 answers, relays what the ranks print (prefixed with their rank), and decides what
@@ -15,22 +16,17 @@ Python stacks are taken with SIGUSR1 and the whole pool is killed.
 
 from __future__ import annotations
 
-import atexit
-import collections
-import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
-import re
 import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 from typing import Any, Iterable
 
-from accel.sim import entry
+from accel.sim import coverage_support, entry, forking, stacks
 from accel.sim.failures import DistributedFailure, RankFailure
 
 #: after the first failed rank, how long the others get to finish before being stopped
@@ -57,46 +53,6 @@ class RankOutcome:
         return f"RankOutcome(rank={self.rank}, status={self.status!r})"
 
 
-def _context() -> Any:
-    """The fork-server context, preloading the rank module when the server is not up yet."""
-    from multiprocessing import forkserver
-
-    server = forkserver._forkserver  # noqa: SLF001  (the only way to add to the preload list)
-    if getattr(server, "_forkserver_pid", None) is None:
-        wanted = list(getattr(server, "_preload_modules", ["__main__"]))
-        for name in (entry.WORKER_MODULE, *_extra_preload):
-            if name not in wanted:
-                wanted.append(name)
-        server.set_forkserver_preload(wanted)
-    return multiprocessing.get_context("forkserver")
-
-
-_extra_preload: list[str] = []
-
-
-def add_preload(*modules: str) -> None:
-    """Ask the fork server to import `modules` too (before it starts; e.g. the pytest harness)."""
-    for name in modules:
-        if name not in _extra_preload:
-            _extra_preload.append(name)
-
-
-def _coverage_settings() -> dict[str, Any] | None:
-    # Ranks measure coverage when the parent does (coverage run, pytest-cov): same
-    # configuration, same data directory, one data file per rank process.
-    coverage = sys.modules.get("coverage")
-    current = getattr(getattr(coverage, "Coverage", None), "current", None)
-    cov = current() if current else None
-    if cov is None:
-        return None
-    from coverage.control import CONFIG_DATA_PREFIX
-
-    return {
-        "config": CONFIG_DATA_PREFIX + cov.config.serialize(),
-        "data_file": os.path.abspath(cov.config.data_file),
-    }
-
-
 class RankPool:
     """N rank processes of one (world_size, device), ready to run tasks one at a time."""
 
@@ -119,14 +75,14 @@ class RankPool:
 
     def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start the ranks and wait until each has its process group."""
-        ctx = _context()
+        ctx = forking.context()
         config = {
             "world_size": self.world_size,
             "device": self.device,
             "real_device": self.real_device,
             "env": dict(os.environ),
             "workdir": self._workdir,
-            "coverage": _coverage_settings(),
+            "coverage": coverage_support.parent_settings(),
             "num_threads": max(1, (os.cpu_count() or 1) // self.world_size),
         }
         try:
@@ -217,6 +173,10 @@ class RankPool:
         self._procs, self._conns, self._outputs = [], [], []
         shutil.rmtree(self._workdir, ignore_errors=True)
 
+    def alive(self) -> bool:
+        """Whether every rank process is still running."""
+        return bool(self._procs) and all(proc.exitcode is None for proc in self._procs)
+
     @property
     def pids(self) -> list[int]:
         """Process ids of the ranks, in rank order."""
@@ -260,9 +220,9 @@ class RankPool:
         left = [rank for rank in range(self.world_size) if rank not in outcomes]
         if left:
             kind = "stopped" if stop_at is not None and time.monotonic() < deadline else "timeout"
-            stacks = self._dump_stacks(left)
+            dumped = self._dump_stacks(left)
             for rank in left:
-                outcomes[rank] = RankOutcome(rank, kind, failure=RankFailure(rank, kind, stack=stacks[rank]))
+                outcomes[rank] = RankOutcome(rank, kind, failure=RankFailure(rank, kind, stack=dumped[rank]))
                 outcomes[rank].seq = len(outcomes)
         self.relay(final=True)  # before a kill: what the ranks printed last often explains it
         if left or any(outcome.status in ("exit", "signal") for outcome in outcomes.values()):
@@ -304,7 +264,7 @@ class RankPool:
         except OSError:
             return ""
         self._stack_offsets[rank] += len(data)
-        return trim_stack(data.decode(errors="replace"))
+        return stacks.trim_stack(data.decode(errors="replace"))
 
     def _dump_stacks(self, ranks: Iterable[int]) -> dict[int, str]:
         """Each live rank's Python stack, every thread, at this moment (SIGUSR1 -> faulthandler)."""
@@ -356,33 +316,6 @@ class RankPool:
                     stream.flush()
 
 
-_HIDDEN_IN_STACKS = {
-    os.path.join(os.path.dirname(entry.__file__), "worker.py"),
-    entry.__file__,
-    "<string>",
-}
-_STACK_LINE = re.compile(r'^\s*File "(?P<path>[^"]*)", line \d+')
-
-
-def hide_in_stacks(path: str) -> None:
-    """Leave frames of `path` out of the stacks reported at a timeout (a runner's own file)."""
-    _HIDDEN_IN_STACKS.add(path)
-
-
-def trim_stack(text: str) -> str:
-    """A faulthandler dump without the simulator's own frames (rank loop, multiprocessing)."""
-    machinery = os.path.dirname(multiprocessing.__file__) + os.sep
-    kept = []
-    for line in text.splitlines():
-        match = _STACK_LINE.match(line)
-        if match and (match["path"] in _HIDDEN_IN_STACKS or match["path"].startswith(machinery)):
-            continue
-        if line.startswith("Extension modules:"):
-            continue
-        kept.append(line)
-    return "\n".join(kept).strip("\n") + "\n" if kept else ""
-
-
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -421,77 +354,3 @@ def _outcome_from_report(rank: int, report: dict[str, Any]) -> RankOutcome:
 
 def _status_of(failure: RankFailure) -> tuple[str, None, RankFailure]:
     return failure.kind, None, failure
-
-
-class PoolManager:
-    """Keeps warm pools per (world_size, device) and hands them out one launch at a time."""
-
-    def __init__(self, max_warm_ranks: int = MAX_WARM_RANKS) -> None:
-        self.max_warm_ranks = max_warm_ranks
-        self._idle: collections.OrderedDict[tuple[int, str, bool], RankPool] = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self._owner = os.getpid()
-        self.pools_started = 0
-
-    def acquire(self, world_size: int, device: str, real_device: bool = False, isolated: bool = False) -> RankPool:
-        """A started pool for this configuration: a warm one if there is one, else a new one."""
-        key = (world_size, device, real_device)
-        if not isolated:
-            with self._lock:
-                pool = self._idle.pop(key, None)
-            if pool is not None and pool.healthy and all(proc.exitcode is None for proc in pool._procs):  # noqa: SLF001
-                return pool
-            if pool is not None:
-                pool.kill()
-        pool = RankPool(world_size, device, real_device)
-        pool.start()
-        self.pools_started += 1
-        return pool
-
-    def release(self, pool: RankPool, reusable: bool) -> None:
-        """Give a pool back after a task: kept warm when `reusable`, else killed."""
-        if not reusable or not pool.healthy:
-            pool.kill()
-            return
-        key = (pool.world_size, pool.device, pool.real_device)
-        evicted = []
-        with self._lock:
-            previous = self._idle.pop(key, None)
-            if previous is not None:
-                evicted.append(previous)
-            self._idle[key] = pool
-            while sum(p.world_size for p in self._idle.values()) > self.max_warm_ranks and len(self._idle) > 1:
-                evicted.append(self._idle.popitem(last=False)[1])
-        for old in evicted:
-            old.close()
-
-    def close(self) -> None:
-        """Stop every warm pool (at exit, at the end of a test session)."""
-        if os.getpid() != self._owner:  # a forked copy: the pools belong to the original
-            self._idle.clear()
-            return
-        with self._lock:
-            pools = list(self._idle.values())
-            self._idle.clear()
-        for pool in pools:
-            pool.close()
-
-
-_managers: list[PoolManager] = []
-
-
-def new_manager(max_warm_ranks: int = MAX_WARM_RANKS) -> PoolManager:
-    """A pool manager whose pools are also stopped when the interpreter exits."""
-    manager = PoolManager(max_warm_ranks)
-    _managers.append(manager)
-    return manager
-
-
-def _close_all() -> None:
-    for manager in _managers:
-        manager.close()
-
-
-# Registered after multiprocessing's own exit handler, so it runs first: that one
-# would otherwise wait for our (non-daemonic) ranks forever.
-atexit.register(_close_all)

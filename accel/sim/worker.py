@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 import accel.state  # noqa: F401  (preloaded: every rank needs it)
-from accel.sim import serialize
+from accel.sim import coverage_support, serialize
 from accel.sim.cleanslate import CleanSlate, seed_everything
 
 #: source files whose frames are left out of a rank's traceback (the simulator's own)
@@ -122,27 +122,6 @@ def _redirect_output(workdir: str, rank: int) -> None:
 _coverage_started: Any = None
 
 
-def _start_coverage(settings: dict[str, Any] | None) -> None:
-    """Measure this rank like the parent measures itself (see `accel.sim.coverage_support`)."""
-    global _coverage_started
-    if not settings:
-        return
-    import coverage
-
-    inherited = coverage.Coverage.current()
-    if inherited is not None:
-        # Started at interpreter start-up in the fork server: its data file would be
-        # shared by every rank forked from it.
-        inherited._auto_save = False  # noqa: SLF001
-        inherited.stop()
-    cov = coverage.Coverage(config_file=settings["config"], data_file=settings["data_file"], data_suffix=True)
-    cov._warn_no_data = False  # noqa: SLF001  (a rank that ran no measured code is normal)
-    cov._warn_unimported_source = False  # noqa: SLF001
-    cov._warn_preimported_source = False  # noqa: SLF001  (the fork server preloaded accel)
-    cov.start()
-    _coverage_started = cov
-
-
 def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
     rank, world_size, device = config["rank"], config["world_size"], config["device"]
     os.environ.clear()
@@ -154,7 +133,8 @@ def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
         LOCAL_WORLD_SIZE=str(world_size),
         MASTER_ADDR="127.0.0.1",
     )
-    _start_coverage(config.get("coverage"))
+    global _coverage_started
+    _coverage_started = coverage_support.start_in_rank(config.get("coverage"))
     torch.set_num_threads(config["num_threads"])
     os.environ["MASTER_PORT"] = str(_rendezvous_port(rank, world_size, conn))
     reset_device = _prepare_device(device, config["real_device"])

@@ -1,0 +1,89 @@
+"""Warm pools kept per (world_size, device, real device), handed out one launch at a time.
+
+Idle pools beyond a budget of warm ranks are closed, least recently used first. Every
+manager's pools are stopped at interpreter exit; a session-scoped manager (the pytest
+harness) closes its own at the end of the session.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import threading
+
+from accel.sim.pool import MAX_WARM_RANKS, RankPool
+
+
+class PoolManager:
+    """Keeps warm pools per (world_size, device) and hands them out one launch at a time."""
+
+    def __init__(self, max_warm_ranks: int = MAX_WARM_RANKS) -> None:
+        self.max_warm_ranks = max_warm_ranks
+        self._idle: collections.OrderedDict[tuple[int, str, bool], RankPool] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._owner = os.getpid()
+        self.pools_started = 0
+
+    def acquire(self, world_size: int, device: str, real_device: bool = False, isolated: bool = False) -> RankPool:
+        """A started pool for this configuration: a warm one if there is one, else a new one."""
+        key = (world_size, device, real_device)
+        if not isolated:
+            with self._lock:
+                pool = self._idle.pop(key, None)
+            if pool is not None and pool.healthy and pool.alive():
+                return pool
+            if pool is not None:
+                pool.kill()
+        pool = RankPool(world_size, device, real_device)
+        pool.start()
+        self.pools_started += 1
+        return pool
+
+    def release(self, pool: RankPool, reusable: bool) -> None:
+        """Give a pool back after a task: kept warm when `reusable`, else killed."""
+        if not reusable or not pool.healthy:
+            pool.kill()
+            return
+        key = (pool.world_size, pool.device, pool.real_device)
+        evicted = []
+        with self._lock:
+            previous = self._idle.pop(key, None)
+            if previous is not None:
+                evicted.append(previous)
+            self._idle[key] = pool
+            while sum(p.world_size for p in self._idle.values()) > self.max_warm_ranks and len(self._idle) > 1:
+                evicted.append(self._idle.popitem(last=False)[1])
+        for old in evicted:
+            old.close()
+
+    def close(self) -> None:
+        """Stop every warm pool (at exit, at the end of a test session)."""
+        if os.getpid() != self._owner:  # a forked copy: the pools belong to the original
+            self._idle.clear()
+            return
+        with self._lock:
+            pools = list(self._idle.values())
+            self._idle.clear()
+        for pool in pools:
+            pool.close()
+
+
+_managers: list[PoolManager] = []
+
+
+def new_manager(max_warm_ranks: int = MAX_WARM_RANKS) -> PoolManager:
+    """A pool manager whose pools are also stopped when the interpreter exits."""
+    manager = PoolManager(max_warm_ranks)
+    _managers.append(manager)
+    return manager
+
+
+def _close_all() -> None:
+    for manager in _managers:
+        manager.close()
+
+
+# Registered after multiprocessing's own exit handler, so it runs first: that one
+# would otherwise wait for our (non-daemonic) ranks forever.
+atexit.register(_close_all)
