@@ -193,6 +193,20 @@ def test_lists_parametrize_and_fixtures_reach_every_rank(pytester):
     result.stdout.fnmatch_lines(["*test_grid?a-2-cpu? PASSED*", "*test_grid?b-3-xla? PASSED*", "*TestInAClass::test_method PASSED*"])
 
 
+@pytest.mark.parametrize("import_mode", ["prepend", "importlib"])
+def test_ranks_import_test_modules_in_packages_as_pytest_did(pytester, import_mode):
+    pytester.mkpydir("h_pkg")
+    pytester.path.joinpath("h_pkg", "test_h_in_pkg.py").write_text(
+        "from harness import distributed_test\n"
+        "HELPER = 41\n"
+        "@distributed_test(world_size=2)\n"
+        "def test_in_package(rank):\n"
+        "    assert HELPER + 1 == 42\n"
+    )
+    result = run(pytester, f"--import-mode={import_mode}")
+    result.assert_outcomes(passed=1)
+
+
 def test_other_fixtures_are_refused_with_a_clear_error(pytester):
     pytester.makepyfile(
         test_h_fixtures="""

@@ -154,6 +154,17 @@ def print_something():
     print("to stderr", file=sys.stderr)
 
 
+def raise_unpicklable_exception():
+    import threading
+
+    class LockedError(Exception):
+        def __init__(self):
+            super().__init__("holds a lock")
+            self.lock = threading.Lock()
+
+    raise LockedError()
+
+
 class Unpicklable:
     def __reduce__(self):
         raise TypeError("no pickling for you")
@@ -258,6 +269,15 @@ def test_ranks_waiting_on_a_failed_rank_are_stopped_with_their_stack():
         assert rank in error.stopped or rank in error.failures
     for failure in error.stopped.values():
         assert failure.kind == "stopped" and "fail_while_others_wait" in failure.stack
+
+
+def test_exception_that_cannot_travel_is_still_reported():
+    with pytest.raises(DistributedFailure) as info:
+        launch(raise_unpicklable_exception, world_size=2)
+    failure = info.value.failures[0]
+    assert failure.exception is None  # could not be sent back: its text is
+    assert failure.exc_type.endswith("LockedError") and failure.message == "holds a lock"
+    assert "raise LockedError()" in failure.traceback
 
 
 @pytest.mark.parametrize("how", ["os", "sys"])
