@@ -67,6 +67,8 @@ def test_bad_invocations_are_refused(tmp_path, capsys):
     script.write_text("")
     assert cli.main(["launch", "--num_processes", "0", str(script)]) == 2
     assert cli.main(["launch", "--num_machines", "2", str(script)]) == 2
+    assert cli.main(["launch", "--simulate", "cpu", "--num_machines", "2", str(script)]) == 2
+    assert "this machine only" in capsys.readouterr().err
 
 
 def test_run_script_runs_main_with_its_argv(tmp_path, monkeypatch):

@@ -70,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"accel launch: --num_processes must be at least 1, got {args.num_processes}", file=sys.stderr)
         return 2
     if args.simulate:
+        if args.num_machines != 1:
+            print("accel launch: --simulate runs on this machine only; drop --num_machines", file=sys.stderr)
+            return 2
         return simulate(args)
     try:
         torchrun_argv = torchrun_args(args)
