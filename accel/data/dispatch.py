@@ -247,11 +247,12 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         return mine, padding, last
 
     def __iter__(self) -> Iterator[Any]:
-        position = self._start_epoch()
+        start = self._start_epoch()
+        position = self._position
         source = None
         self._first, self._pending = None, _END
         if self.process_index == 0:
-            source = self._global_batches(self._base_iterator(position * self._global_factor()))
+            source = self._global_batches(self._base_iterator(start * self._global_factor()))
         self._begin()
         try:
             step = self._exchange(source)
@@ -267,7 +268,7 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
                 if last:
                     self.remainder = padding
                     self.end_of_dataloader = True
-                self._batches_yielded += 1
+                position[0] += 1
                 yield share
                 step = upcoming
             self._complete_epoch()

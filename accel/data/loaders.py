@@ -73,8 +73,9 @@ class DataLoaderShard(LoaderProgress, DataLoader):
         return 0
 
     def __iter__(self) -> Iterator[Any]:
-        position = self._start_epoch()
-        iterator = self._base_iterator(position)
+        start = self._start_epoch()
+        position = self._position
+        iterator = self._base_iterator(start)
         place = self._placer()
         self._begin()
         try:
@@ -90,12 +91,12 @@ class DataLoaderShard(LoaderProgress, DataLoader):
                     upcoming = next(iterator)
                 except StopIteration:
                     break
-                self._batches_yielded += 1
+                position[0] += 1
                 yield current
                 current = upcoming
             self.remainder = self._last_padding()
             self.end_of_dataloader = True
-            self._batches_yielded += 1
+            position[0] += 1
             yield current
             self._complete_epoch()
         finally:

@@ -84,11 +84,19 @@ class LoaderProgress:
         #: set when every process seeded `synchronized_generator` alike and nothing else draws
         #: from it: its states then stay equal without a broadcast at each epoch.
         self._generator_in_lockstep = False
-        self._batches_yielded = 0
+        self._position = [0]  # batches of this epoch consumed; a list so the batch loop skips DataLoader.__setattr__
         self._in_epoch = False
         self._epoch_state: dict[str, Any] = {}
         self._resume: dict[str, Any] | None = None
         self._skip_now = 0
+
+    @property
+    def _batches_yielded(self) -> int:
+        return self._position[0]
+
+    @_batches_yielded.setter
+    def _batches_yielded(self, value: int) -> None:
+        self._position[0] = value
 
     # -- what the epoch's order depends on ---------------------------------------------
 
@@ -249,8 +257,19 @@ class LoaderProgress:
             return None
         from accel.utils.operations import send_to_device
 
-        device, non_blocking = self.device, self.non_blocking
-        return lambda batch: send_to_device(batch, device, non_blocking=non_blocking)
+        device, non_blocking = torch.device(self.device), self.non_blocking
+        tensor = torch.Tensor
+
+        def place(batch: Any) -> Any:
+            # Fast path for the usual flat batches already on the device (CPU to CPU): nothing to rebuild.
+            kind = type(batch)
+            leaves = batch if kind is list or kind is tuple else batch.values() if kind is dict else (batch,)
+            for leaf in leaves:
+                if type(leaf) is not tensor or leaf.device != device:
+                    return send_to_device(batch, device, non_blocking=non_blocking)
+            return batch
+
+        return place
 
 
 _END = object()
