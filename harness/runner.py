@@ -91,7 +91,7 @@ def _conclude(item: pytest.Function, outcomes: list[RankOutcome], world_size: in
     if own and all(kinds[o.rank] is not None for o in own):
         # Only skips / xfails of their own accord (the others returned or were waiting).
         kind = "skip" if any(kinds[o.rank] == "skip" for o in own) else "xfail"
-        first = min((o for o in own if kinds[o.rank] == kind), key=lambda o: o.seq).failure
+        first = min((o for o in own if kinds[o.rank] == kind), key=lambda o: o.rank).failure  # stable reason
         raise _outcome(_OUTCOMES[kind], f"rank {first.rank}: {first.message}")
     try:
         launcher.raise_for_failures(outcomes, world_size, device, timeout)

@@ -2,9 +2,10 @@
 
 A warm rank runs many tests one after the other. Before each one it puts back what a
 test may have changed and the next must not see: environment variables (to the
-snapshot taken when the pool started), `accel`'s shared state, the simulated device's
-own state, RNG seeds, the working directory and import path (the parent's, at the time
-of the launch), warning filters and torch's process-wide defaults. The process group
+snapshot taken when the pool started), `sys.argv` and the standard streams, `accel`'s
+shared state, the simulated device's own state, RNG seeds, the working directory and
+import path (the parent's, at the time of the launch), warning filters and torch's
+process-wide defaults. The process group
 is kept: recreating it is the expensive part of a start, and `reset_state()` leaves it
 alone by design.
 """
@@ -30,6 +31,8 @@ class CleanSlate:
     def __init__(self, reset_device: Callable[[], None]) -> None:
         self._reset_device = reset_device
         self.environ = dict(os.environ)
+        self.argv = list(sys.argv)
+        self.streams = (sys.stdin, sys.stdout, sys.stderr)
         self.warning_filters = list(warnings.filters)
         self.default_dtype = torch.get_default_dtype()
         self.num_threads = torch.get_num_threads()
@@ -40,6 +43,10 @@ class CleanSlate:
         if dict(os.environ) != self.environ:
             os.environ.clear()
             os.environ.update(self.environ)
+        if sys.argv != self.argv:
+            sys.argv[:] = self.argv
+        if (sys.stdin, sys.stdout, sys.stderr) != self.streams:
+            sys.stdin, sys.stdout, sys.stderr = self.streams
         if sys_path is not None and sys.path != sys_path:
             sys.path[:] = sys_path
         if cwd is not None and os.getcwd() != cwd:

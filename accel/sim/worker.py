@@ -39,6 +39,8 @@ INTERNAL_FILES: set[str] = {__file__}
 _PR_SET_PDEATHSIG = 1
 #: keeps rank 0's rendezvous store (and its server) alive as long as the process
 _STORE: list[Any] = []
+#: this rank's coverage measurement, when the parent measures coverage
+_coverage_started: Any = None
 
 
 def hide_frames_of(path: str) -> None:
@@ -56,7 +58,6 @@ def serve(config: dict[str, Any], conn: Any) -> None:
         conn.send(("error", describe_exception(error)))
         _exit(1)
     conn.send(("ready", os.getpid()))
-    coverage = _coverage_started
     while True:
         try:
             message = conn.recv()
@@ -67,8 +68,8 @@ def serve(config: dict[str, Any], conn: Any) -> None:
         _, payload, cwd, sys_path = message
         outcome = _run_task(slate, payload, cwd, sys_path)
         _flush()
-        if coverage is not None:
-            coverage.save()
+        if _coverage_started is not None:
+            _coverage_started.save()  # now: the rank may be killed before it exits
         outcome["pg_ok"] = dist.is_available() and dist.is_initialized()
         conn.send_bytes(pickle.dumps(("done", outcome), protocol=pickle.HIGHEST_PROTOCOL))
         if outcome["status"] == "exit":
@@ -119,10 +120,8 @@ def _redirect_output(workdir: str, rank: int) -> None:
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
 
 
-_coverage_started: Any = None
-
-
 def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
+    global _coverage_started
     rank, world_size, device = config["rank"], config["world_size"], config["device"]
     os.environ.clear()
     os.environ.update(config["env"])
@@ -133,7 +132,6 @@ def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
         LOCAL_WORLD_SIZE=str(world_size),
         MASTER_ADDR="127.0.0.1",
     )
-    global _coverage_started
     _coverage_started = coverage_support.start_in_rank(config.get("coverage"))
     torch.set_num_threads(config["num_threads"])
     os.environ["MASTER_PORT"] = str(_rendezvous_port(rank, world_size, conn))
