@@ -94,6 +94,13 @@ def _uses_real_device(item: pytest.Function) -> bool:
     return bool(item.config.getoption("real_devices")) and item.funcargs.get("device") == "cuda"
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Start the fork server as soon as distributed tests are known to run: it imports
+    # torch while the tests before the first distributed one run.
+    if any(_spec(item) is not None for item in session.items):
+        forking.warm_up()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     reason = _hardware_skip(item)

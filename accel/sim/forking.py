@@ -36,3 +36,11 @@ def add_preload(*modules: str) -> None:
     for name in modules:
         if name not in _extra_preload:
             _extra_preload.append(name)
+
+
+def warm_up() -> None:
+    """Start the fork server now, so that it imports torch while the caller goes on (pytest collecting)."""
+    context()
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
