@@ -422,6 +422,7 @@ class Accelerator:
             slice_fn_for_dispatch=slice_fn_for_dispatch,
             use_seedable_sampler=config.use_seedable_sampler,
             non_blocking=config.non_blocking,
+            data_seed=config.data_seed,
         )
         _mark_prepared(prepared)
         self._dataloaders.append(prepared)
