@@ -217,6 +217,17 @@ def test_launcher_knows_the_simulated_devices():
     assert DEVICES == tuple(devices.DEVICES)
 
 
+def test_real_device_path_asks_for_the_real_backend():
+    import torch
+
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("real GPUs present: this checks the refusal without them")
+    with pytest.raises(DistributedFailure, match="failed to start") as info:
+        launch(get_pid, world_size=2, device="cuda", real_device=True)
+    # Nothing was faked: the real CUDA backend was asked for and found no GPU.
+    assert "ACCEL_BACKEND='cuda' was asked for but that hardware is not available here" in str(info.value)
+
+
 def test_rejects_bad_options():
     with pytest.raises(ValueError, match="world_size must be a positive int"):
         launch(get_pid, world_size=0)
@@ -328,6 +339,17 @@ def _alive(pid):
             return False
         time.sleep(0.05)
     return True
+
+
+def test_failure_text_labels_every_line_with_its_rank():
+    failure = RankFailure(3, "exception", exc_type="pkg.CustomError", message="first line\nsecond", traceback="Traceback (most recent call last):\n  File \"x.py\", line 1, in f\npkg.CustomError: first line\nsecond\n")
+    lines = failure.format().splitlines()
+    assert lines[0] == "[rank 3] CustomError: first line"
+    assert all(line.startswith("[rank 3] ") for line in lines)
+    signal_failure = RankFailure(0, "signal", signal_name="SIGSEGV", exitcode=-11)
+    assert signal_failure.format() == "[rank 0] killed by signal SIGSEGV"
+    error = DistributedFailure({3: failure, 0: signal_failure}, world_size=4, device="cuda")
+    assert error.first() is failure and str(error).startswith("ranks 0, 3 of 4 failed (device 'cuda'):")
 
 
 # -- warm ranks and clean starts -------------------------------------------------------------
