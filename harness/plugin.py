@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any
 
 import pytest
@@ -43,7 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "tpu: needs a real TPU through torch_xla (skipped without one)")
     forking.add_preload(*_RANK_PRELOAD)
     stacks.hide_in_stacks(remote.__file__)
-    config.stash[MANAGER_KEY] = new_manager()
+    # Ranks start from the session's environment, not from whatever a fixture of the
+    # test that happens to start a pool had set in this process.
+    config.stash[MANAGER_KEY] = new_manager(env=dict(os.environ))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -303,6 +303,7 @@ def test_state_env_seeds_and_process_group_do_not_leak_between_tests(pytester):
         @distributed_test(world_size=2)
         def test_2_clean(rank):
             assert "LEAKY" not in os.environ
+            assert "SET_BY_A_PARENT_FIXTURE" not in os.environ  # ranks start from the session's env
             assert AcceleratorState().mixed_precision == "no"
             assert not hasattr(PartialState(), "leaked")
             assert GradientState().sync_gradients is True
@@ -321,6 +322,16 @@ def test_state_env_seeds_and_process_group_do_not_leak_between_tests(pytester):
             value = torch.ones(1)
             dist.all_reduce(value)
             assert value.item() == 2
+        """
+    )
+    pytester.makeconftest(
+        """
+        import pytest
+
+        @pytest.fixture(autouse=True)
+        def parent_side_env(request, monkeypatch):
+            if request.node.name == "test_1_dirty":  # the test that starts the pool
+                monkeypatch.setenv("SET_BY_A_PARENT_FIXTURE", "1")
         """
     )
     result = run(pytester, "-p", "no:randomly")

@@ -18,8 +18,10 @@ from accel.sim.pool import MAX_WARM_RANKS, RankPool
 class PoolManager:
     """Keeps warm pools per (world_size, device) and hands them out one launch at a time."""
 
-    def __init__(self, max_warm_ranks: int = MAX_WARM_RANKS) -> None:
+    def __init__(self, max_warm_ranks: int = MAX_WARM_RANKS, env: dict[str, str] | None = None) -> None:
         self.max_warm_ranks = max_warm_ranks
+        #: environment the ranks start from (None: the process's own when a pool starts)
+        self.env = env
         self._idle: collections.OrderedDict[tuple[int, str, bool], RankPool] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._owner = os.getpid()
@@ -35,7 +37,7 @@ class PoolManager:
                 return pool
             if pool is not None:
                 pool.kill()
-        pool = RankPool(world_size, device, real_device)
+        pool = RankPool(world_size, device, real_device, env=self.env)
         pool.start()
         self.pools_started += 1
         return pool
@@ -72,9 +74,9 @@ class PoolManager:
 _managers: list[PoolManager] = []
 
 
-def new_manager(max_warm_ranks: int = MAX_WARM_RANKS) -> PoolManager:
+def new_manager(max_warm_ranks: int = MAX_WARM_RANKS, env: dict[str, str] | None = None) -> PoolManager:
     """A pool manager whose pools are also stopped when the interpreter exits."""
-    manager = PoolManager(max_warm_ranks)
+    manager = PoolManager(max_warm_ranks, env)
     _managers.append(manager)
     return manager
 

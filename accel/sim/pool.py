@@ -56,12 +56,14 @@ class RankOutcome:
 class RankPool:
     """N rank processes of one (world_size, device), ready to run tasks one at a time."""
 
-    def __init__(self, world_size: int, device: str, real_device: bool = False) -> None:
+    def __init__(self, world_size: int, device: str, real_device: bool = False, env: dict[str, str] | None = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         self.world_size = world_size
         self.device = device
         self.real_device = real_device
+        #: the environment every task starts from (default: ours when the pool starts)
+        self.env = env
         self.healthy = False
         self.tasks_run = 0
         self._procs: list[Any] = []
@@ -80,7 +82,7 @@ class RankPool:
             "world_size": self.world_size,
             "device": self.device,
             "real_device": self.real_device,
-            "env": dict(os.environ),
+            "env": _rank_environment(self.env if self.env is not None else os.environ),
             "workdir": self._workdir,
             "coverage": coverage_support.parent_settings(),
             "num_threads": max(1, (os.cpu_count() or 1) // self.world_size),
@@ -314,6 +316,14 @@ class RankPool:
                     prefix = f"[rank {rank}] "
                     stream.write("".join(prefix + line.decode(errors="replace") + "\n" for line in lines))
                     stream.flush()
+
+
+#: variables that describe the parent's current moment, not an environment to start from
+_TRANSIENT_VARIABLES = ("PYTEST_CURRENT_TEST",)
+
+
+def _rank_environment(env: Any) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name not in _TRANSIENT_VARIABLES}
 
 
 def _kill_group(pid: int) -> None:
