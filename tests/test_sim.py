@@ -407,3 +407,20 @@ def test_concurrent_launches_do_not_collide():
         thread.join(120)
     assert not errors
     assert results == {2: [2.0, 2.0], 3: [3.0, 3.0, 3.0]}
+
+
+def test_least_recently_used_pools_are_closed_beyond_the_warm_budget():
+    from accel.sim import serialize
+    from accel.sim.launcher import run_payload
+    from accel.sim.manager import new_manager
+
+    manager = new_manager(max_warm_ranks=4)
+    payload = serialize.dumps_call(get_pid, (), {})
+    try:
+        pids = {size: [serialize.loads(o.value) for o in run_payload(payload, size, "cpu", 30, manager=manager)] for size in (1, 2)}
+        assert [serialize.loads(o.value) for o in run_payload(payload, 1, "cpu", 30, manager=manager)] == pids[1]  # both fit
+        run_payload(payload, 3, "cpu", 30, manager=manager)  # 1 + 2 + 3 ranks > 4: the oldest pools go
+        for pid in pids[1] + pids[2]:
+            assert not _alive(pid)
+    finally:
+        manager.close()

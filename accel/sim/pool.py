@@ -35,8 +35,11 @@ FAILURE_GRACE = 1.0
 RELAY_INTERVAL = 0.05
 #: how long a pool may take to start (the first one imports torch in the fork server)
 START_TIMEOUT = float(os.environ.get("ACCEL_SIM_START_TIMEOUT", "120"))
-#: idle warm ranks kept per process (least recently used pools are closed beyond it)
-MAX_WARM_RANKS = int(os.environ.get("ACCEL_SIM_MAX_WARM_RANKS", "16"))
+#: idle warm ranks kept per process (least recently used pools are closed beyond it);
+#: parametrized tests cycle through their configurations, so the usual grid
+#: (world sizes 2 and 4 on cpu, cuda and xla: 18 ranks) must fit, or every test would
+#: evict the pool the next one needs. A warm rank holds about 10-50 MB of its own.
+MAX_WARM_RANKS = int(os.environ.get("ACCEL_SIM_MAX_WARM_RANKS", "32"))
 
 
 class RankOutcome:
