@@ -58,6 +58,9 @@ def serve(config: dict[str, Any], conn: Any) -> None:
         conn.send(("error", describe_exception(error)))
         _exit(1)
     conn.send(("ready", os.getpid()))
+    # A process group exists from the start only with more than one rank; a task must
+    # leave it as it found it.
+    had_group = _group_exists()
     while True:
         try:
             message = conn.recv()
@@ -70,10 +73,14 @@ def serve(config: dict[str, Any], conn: Any) -> None:
         _flush()
         if _coverage_started is not None:
             _coverage_started.save()  # now: the rank may be killed before it exits
-        outcome["pg_ok"] = dist.is_available() and dist.is_initialized()
+        outcome["pg_ok"] = _group_exists() == had_group
         conn.send_bytes(pickle.dumps(("done", outcome), protocol=pickle.HIGHEST_PROTOCOL))
         if outcome["status"] == "exit":
             _exit(outcome["code"])
+
+
+def _group_exists() -> bool:
+    return dist.is_available() and dist.is_initialized()
 
 
 # -- process set-up --------------------------------------------------------------------
