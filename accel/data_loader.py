@@ -154,13 +154,16 @@ def prepare_data_loader(
                 f"this one {state.process_index}), but num_processes={num_processes} and process_index="
                 f"{process_index} were given. Pass dispatch_batches=False to shard locally."
             )
+        generator, lockstep = getattr(dataset, "generator", None) if iterable else None, False
         if iterable or dataloader.batch_sampler is None:
             kwargs.update(batch_size=batch_size, drop_last=dataloader.drop_last if batch_size is not None else False)
             if not iterable:
                 kwargs["sampler"] = dataloader.sampler
         else:
-            kwargs["batch_sampler"] = dataloader.batch_sampler
-        generator = getattr(dataset, "generator", None) if iterable else None
+            # Only the main process draws the order, but a generator of its own makes it resumable.
+            kwargs["batch_sampler"], generator, lockstep = _ordered_batch_sampler(
+                dataloader.batch_sampler, use_seedable_sampler, data_seed
+            )
         prepared: Any = DataLoaderDispatcher(
             dataset,
             split_batches=split_batches,
@@ -173,6 +176,7 @@ def prepare_data_loader(
             even_batches=even_batches,
             **kwargs,
         )
+        prepared._generator_in_lockstep = lockstep
     elif iterable:
         generator = getattr(dataset, "generator", None)
         if num_processes > 1:

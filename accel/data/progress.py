@@ -150,6 +150,11 @@ class LoaderProgress:
         return 1
 
     @property
+    def _may_be_uneven(self) -> bool:
+        """Whether processes may end with batches of different sizes or counts (even_batches=False)."""
+        return False
+
+    @property
     def total_dataset_length(self) -> int:
         """Length of the whole dataset (every process's samples together)."""
         return getattr(self.dataset, "total_length", None) or len(self.dataset)
@@ -177,6 +182,7 @@ class LoaderProgress:
         self._epoch_state = self._order_state(generator, sampler)
         self._batches_yielded = max(position, self.skip_batches)
         self._in_epoch = True
+        self.__dict__.pop("_owed_gathers", None)  # left over from an epoch that was broken off
         return self._batches_yielded
 
     @staticmethod
@@ -187,6 +193,10 @@ class LoaderProgress:
         }
 
     def _complete_epoch(self) -> None:
+        if self._may_be_uneven:
+            from accel.utils.metrics import settle_uneven_end
+
+            settle_uneven_end(self)
         self.iteration += 1
         self._batches_yielded = 0
         self._in_epoch = False

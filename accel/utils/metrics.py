@@ -6,8 +6,9 @@ The active loader tells `GradientState` how many samples of the last global batc
 padding (`remainder`), and they are dropped here, so that a whole evaluation gathers
 exactly the dataset. With `even_batches=False` the processes may end with batches of
 different sizes, and some with one batch fewer: every call then first exchanges the
-sizes, and a process that has finished keeps joining the others' calls until all have
-finished (so nobody waits on a collective that would never come).
+sizes (and whether each process is on its last batch), and a process whose loop ends
+early repeats its last step's calls, contributing nothing, until all have finished
+(so nobody waits on a collective that would never come).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def gather_for_metrics(data: Any, use_gather_object: bool = False) -> Any:
     loader = gradient_state.active_dataloader
     finished = gradient_state.end_of_dataloader
     if getattr(loader, "_may_be_uneven", False):
-        return _gather_uneven(state, data, finished, use_gather_object)
+        return _gather_uneven(state, loader, data, finished, use_gather_object)
     gathered = gather_object(data) if use_gather_object else gather(data)
     padding = gradient_state.remainder if finished else 0
     if padding <= 0:  # none, or unknown (-1): nothing can be dropped
@@ -70,26 +71,35 @@ def gather_for_metrics(data: Any, use_gather_object: bool = False) -> Any:
     return _drop_padding(gathered, padding, use_gather_object and isinstance(data, (list, tuple)))
 
 
-def _gather_uneven(state: Any, data: Any, finished: bool, use_gather_object: bool) -> Any:
+def _gather_uneven(state: Any, loader: Any, data: Any, finished: bool, use_gather_object: bool) -> Any:
     """Gather when processes may hold different numbers of samples, or of batches."""
-    results = []
-    contributing = True
-    while True:
-        if use_gather_object:
-            result, everyone_finished = _objects_round(state, data, finished, contributing)
-        else:
-            result, everyone_finished = _tensors_round(state, data, finished, contributing)
-        if result is not None:
-            results.append(result)
-        if everyone_finished or not finished:
-            break
-        # This process has no batch left but others do: join their next calls with nothing.
-        contributing = False
-    if not results:
-        return [] if use_gather_object else data
-    return results[0] if len(results) == 1 else (
-        [item for part in results for item in part] if use_gather_object else concatenate(results)
-    )
+    round_ = _objects_round if use_gather_object else _tensors_round
+    result, everyone_finished = round_(state, data, finished, True)
+    if finished and not everyone_finished:
+        # Others have batches left: this process owes them this call at each of their
+        # remaining steps, paid once its loop is over (`settle_uneven_end`).
+        loader.__dict__.setdefault("_owed_gathers", []).append((round_, data))
+    return result
+
+
+def settle_uneven_end(loader: Any) -> None:
+    """After this process's last batch, join the gathers of the processes that still have batches.
+
+    Called by the prepared loaders when their iteration ends. The calls made during
+    the last step are repeated, contributing nothing, until every process reports its
+    last step; only the processes that hold those later batches receive them (the main
+    process always has the most batches, so its results are complete).
+    """
+    owed = loader.__dict__.pop("_owed_gathers", None)
+    if not owed:
+        return
+    from accel.state import PartialState
+
+    state = PartialState()
+    everyone_finished = False
+    while not everyone_finished:
+        for round_, template in owed:
+            _, everyone_finished = round_(state, template, True, False)
 
 
 def _objects_round(state: Any, data: Any, finished: bool, contributing: bool) -> tuple[Any, bool]:

@@ -1,0 +1,218 @@
+"""Data loading across real ranks, on simulated CPU, CUDA and XLA hardware."""
+
+import itertools
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from harness import distributed_test
+
+SIZES = [2, 4]
+DEVICES = ["cpu", "cuda", "xla"]
+
+
+class Stream(IterableDataset):
+    """Items 0..length-1 as float 0-d tensors, the same on every rank."""
+
+    def __init__(self, length):
+        self.length = length
+
+    def __iter__(self):
+        return iter(torch.arange(self.length, dtype=torch.float32))
+
+    def __len__(self):
+        return self.length
+
+
+class Records(IterableDataset):
+    """Nested samples of two dtypes, to check the dispatcher's structure and slicing."""
+
+    def __init__(self, length):
+        self.length = length
+
+    def __iter__(self):
+        for i in range(self.length):
+            yield {"x": torch.full((3,), float(i)), "pair": (torch.tensor(i), torch.tensor([i, -i]))}
+
+    def __len__(self):
+        return self.length
+
+
+def _values(batch):
+    return batch.tolist()
+
+
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_dispatcher_broadcasts_one_collective_per_dtype_and_slices(rank, world_size):
+    from accel.data_loader import prepare_data_loader
+    from accel.state import PartialState
+
+    hardware = PartialState().hardware
+    calls = []
+    original = hardware.broadcast
+    hardware.broadcast = lambda t, src=0: calls.append(t.dtype) or original(t, src)
+    loader = prepare_data_loader(DataLoader(Records(4 * world_size), batch_size=2), put_on_device=True)
+    batches = list(loader)
+    assert len(batches) == 2 and len(loader) == 2
+    for step, batch in enumerate(batches):
+        first = step * 2 * world_size + 2 * rank
+        assert batch["pair"][0].tolist() == [first, first + 1]
+        assert batch["x"].tolist() == [[float(first)] * 3, [float(first + 1)] * 3]
+        assert batch["pair"][1].tolist() == [[first, -first], [first + 1, -first - 1]]
+        assert batch["x"].dtype == torch.float32 and batch["pair"][0].dtype == torch.int64
+    assert sorted(calls, key=str) == [torch.float32, torch.float32, torch.int64, torch.int64]
+
+
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_dispatcher_split_batches_and_padding(rank, world_size):
+    from accel.data_loader import prepare_data_loader
+
+    loader = prepare_data_loader(DataLoader(Stream(2 * world_size + 1), batch_size=2 * world_size), split_batches=True)
+    batches = [_values(b) for b in loader]
+    assert batches[0] == [2.0 * rank, 2.0 * rank + 1]
+    padded = [2.0 * world_size] + [float(i) for i in range(2 * world_size - 1)]
+    assert batches[1] == padded[2 * rank : 2 * rank + 2]
+    assert loader.remainder == 2 * world_size - 1
+
+
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_shuffling_is_identical_across_ranks(rank, world_size):
+    from accel.data_loader import prepare_data_loader
+    from accel.utils import gather_object
+
+    length = 6 * world_size
+    torch.manual_seed(100 + rank)  # different global seeds: the loader must still agree with itself
+    for options in ({"rng_types": ["generator"]}, {"use_seedable_sampler": True}, {"rng_types": []}):
+        loader = prepare_data_loader(DataLoader(list(range(length)), batch_size=3, shuffle=True), **options)
+        orders = []
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            mine = [i for batch in loader for i in _values(batch)]
+            everyone = gather_object([mine])
+            assert sorted(i for part in everyone for i in part) == list(range(length)), options
+            orders.append(everyone)
+        assert orders[0] != orders[1], options
+
+
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_torch_rng_is_synchronised_at_each_iteration(rank, world_size):
+    from accel.data_loader import prepare_data_loader
+    from accel.utils import gather_object
+
+    torch.manual_seed(rank)
+    loader = prepare_data_loader(DataLoader(list(range(4 * world_size)), batch_size=2), rng_types=["torch"])
+    for _ in loader:
+        draws = gather_object([torch.rand(1).item()])
+        assert len(set(draws)) == 1
+        break
+
+
+def _source(iterable, length, batch, drop):
+    dataset = Stream(length) if iterable else torch.arange(length, dtype=torch.float32)
+    return DataLoader(dataset, batch_size=batch, drop_last=drop)
+
+
+def _expected(length, global_batch, drop):
+    return [float(i) for i in range(length // global_batch * global_batch if drop else length)]
+
+
+def _check_gathered(rank, gathered, expected, case):
+    """Everything once on the main process; a process whose batches ran out first has a prefix of it."""
+    if rank == 0:
+        assert gathered == expected, case
+    else:
+        assert gathered == expected[: len(gathered)] and len(gathered) >= len(expected) - 2 * len(expected) // 3, case
+
+
+@distributed_test(world_size=SIZES, device=DEVICES, timeout=120)
+def test_gather_for_metrics_is_exact_in_every_configuration(rank, world_size):
+    from accel.data_loader import prepare_data_loader
+    from accel.utils.metrics import gather_for_metrics
+
+    batch = 2
+    for iterable, dispatch, split, even, drop in itertools.product([False, True], repeat=5):
+        per_batch = batch * world_size if split else batch
+        global_batch = batch * world_size
+        for length in (2 * global_batch, 2 * global_batch + 1, 3 * global_batch - 1):
+            loader = prepare_data_loader(
+                _source(iterable, length, per_batch, drop),
+                split_batches=split,
+                dispatch_batches=dispatch,
+                even_batches=even,
+                put_on_device=True,
+            )
+            tensors, objects = [], []
+            for values in loader:
+                tensors.append(gather_for_metrics({"v": values})["v"])
+                objects.extend(gather_for_metrics([int(v) for v in values.tolist()], use_gather_object=True))
+            case = dict(iterable=iterable, dispatch=dispatch, split=split, even=even, drop=drop, length=length)
+            expected = _expected(length, global_batch, drop)
+            _check_gathered(rank, torch.cat(tensors).tolist(), expected, case)
+            _check_gathered(rank, objects, [int(v) for v in expected], case)
+
+
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_uneven_last_batches_with_even_batches_off(rank, world_size):
+    from accel.data_loader import prepare_data_loader
+    from accel.utils import gather_object
+    from accel.utils.metrics import gather_for_metrics
+
+    length = 2 * world_size * 3 + 4  # two full rounds of batch 3, then 4 samples
+    loader = prepare_data_loader(DataLoader(list(range(length)), batch_size=3), even_batches=False)
+    sizes = gather_object([[len(b) for b in loader]])
+    expected_last = {0: [3], 1: [1]}
+    assert sizes[0] == [3, 3] + expected_last[0] and sizes[1] == [3, 3] + expected_last[1]
+    assert all(s == [3, 3] for s in sizes[2:])
+    gathered = [gather_for_metrics(b) for b in loader]
+    _check_gathered(rank, torch.cat(gathered).tolist(), list(range(length)), "uneven")
+    split = prepare_data_loader(DataLoader(list(range(2 * world_size + 1)), batch_size=2 * world_size), split_batches=True, even_batches=False)
+    shares = gather_object([[_values(b) for b in split]])
+    assert shares[0] == [[0, 1], [2 * world_size]] and all(len(s) == 1 for s in shares[1:])
+
+
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_accelerator_gather_for_metrics_with_uneven_ends(rank, world_size):
+    from accel import Accelerator, DataLoaderConfiguration
+
+    for even in (True, False):
+        accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(even_batches=even))
+        loader = accelerator.prepare(DataLoader(torch.arange(5 * world_size + 1), batch_size=2))
+        gathered = [accelerator.gather_for_metrics(b) for b in loader]
+        _check_gathered(rank, torch.cat(gathered).tolist(), list(range(5 * world_size + 1)), even)
+        if even:
+            assert torch.cat(gathered).tolist() == list(range(5 * world_size + 1))
+
+
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_skip_first_batches_lands_on_the_right_batch(rank, world_size):
+    from accel.data_loader import DataLoaderDispatcher, DataLoaderShard, prepare_data_loader, skip_first_batches
+
+    for dispatch in (False, True):
+        loader = prepare_data_loader(DataLoader(list(range(10 * world_size)), batch_size=2), dispatch_batches=dispatch)
+        full = [_values(b) for b in loader]
+        skipped = skip_first_batches(loader, 3)
+        assert isinstance(skipped, DataLoaderDispatcher if dispatch else DataLoaderShard)
+        assert [_values(b) for b in skipped] == full[3:], dispatch
+
+
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_state_dict_resumes_on_the_next_batch(rank, world_size):
+    from accel.data_loader import prepare_data_loader
+
+    for dispatch, iterable in ((False, False), (True, False), (False, True), (True, True)):
+        def make():
+            data = Stream(12 * world_size) if iterable else list(range(12 * world_size))
+            return prepare_data_loader(
+                DataLoader(data, batch_size=2, shuffle=not iterable), dispatch_batches=dispatch, rng_types=["generator"]
+            )
+
+        loader = make()
+        list(loader)
+        iterator = iter(loader)
+        for _ in range(2):
+            next(iterator)
+        state = loader.state_dict()
+        tail = [_values(b) for b in iterator]
+        resumed = make()
+        resumed.load_state_dict(state)
+        assert [_values(b) for b in resumed] == tail, (dispatch, iterable)
