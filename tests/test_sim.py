@@ -419,8 +419,9 @@ def test_least_recently_used_pools_are_closed_beyond_the_warm_budget():
     try:
         pids = {size: [serialize.loads(o.value) for o in run_payload(payload, size, "cpu", 30, manager=manager)] for size in (1, 2)}
         assert [serialize.loads(o.value) for o in run_payload(payload, 1, "cpu", 30, manager=manager)] == pids[1]  # both fit
-        run_payload(payload, 3, "cpu", 30, manager=manager)  # 1 + 2 + 3 ranks > 4: the oldest pools go
-        for pid in pids[1] + pids[2]:
+        run_payload(payload, 3, "cpu", 30, manager=manager)  # 1 + 2 + 3 ranks > 4: the least recent pool goes
+        for pid in pids[2]:
             assert not _alive(pid)
+        assert [serialize.loads(o.value) for o in run_payload(payload, 1, "cpu", 30, manager=manager)] == pids[1]
     finally:
         manager.close()
