@@ -220,3 +220,30 @@ def test_clipping_sees_the_gradients_of_the_global_batch(rank, world_size):
     torch.testing.assert_close(norm.cpu(), expected, rtol=1e-5, atol=1e-6)
     for p, q in zip(acc.unwrap_model(model).parameters(), reference.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_join_with_uneven_batches_from_a_prepared_loader(rank, world_size):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from accel.accelerator import Accelerator
+
+    acc = Accelerator()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    # 4 * world_size + 1 samples in batches of 1: rank 0 has one batch more than the others
+    x, y = _data(4 * world_size + 1)
+    loader = DataLoader(TensorDataset(x, y), batch_size=1)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    seen = 0
+    with acc.join_uneven_inputs([model], even_batches=False):
+        for inputs, targets in loader:
+            acc.backward(torch.nn.functional.mse_loss(model(inputs), targets))
+            opt.step()
+            opt.zero_grad()
+            seen += 1
+    assert seen == (5 if rank == 0 else 4)
+    assert acc.even_batches and loader.batch_sampler.even_batches  # restored after the block
+    assert len(list(loader)) == 5  # even again: every rank 5 batches
+    rows = _params_on_every_rank(acc, model)
+    assert all(torch.allclose(rows[0], row) for row in rows)
