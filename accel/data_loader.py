@@ -40,10 +40,12 @@ def _partial_state() -> Any:
     return PartialState()
 
 
-def _agree(value: int) -> int:
-    """`value` as the main process has it, when several processes really run (else unchanged)."""
+def _agree(value: int, num_processes: int) -> int:
+    """`value` as the main process has it, when the loader is prepared for the processes really running."""
+    if num_processes == 1:
+        return value
     state = _partial_state()
-    if state.num_processes == 1:
+    if state.num_processes != num_processes:  # shards built by hand in one process: nobody to agree with
         return value
     from accel.utils.operations import broadcast_object_list
 
@@ -51,7 +53,7 @@ def _agree(value: int) -> int:
 
 
 def _ordered_batch_sampler(
-    batch_sampler: Any, use_seedable_sampler: bool, data_seed: int | None
+    batch_sampler: Any, use_seedable_sampler: bool, data_seed: int | None, num_processes: int
 ) -> tuple[Any, torch.Generator | None, bool]:
     """The batch sampler with a shuffling order every process can reproduce.
 
@@ -63,7 +65,7 @@ def _ordered_batch_sampler(
         return batch_sampler, None, False
     lockstep = False
     if use_seedable_sampler:
-        seed = _agree(data_seed if data_seed is not None else torch.initial_seed())
+        seed = _agree(data_seed if data_seed is not None else torch.initial_seed(), num_processes)
         replacement = SeedableRandomSampler(
             sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, data_seed=seed
         )
@@ -71,7 +73,8 @@ def _ordered_batch_sampler(
     elif sampler.generator is None:
         # A private generator, seeded alike everywhere, orders the epochs of every process identically.
         generator = torch.Generator()
-        generator.manual_seed(_agree(data_seed if data_seed is not None else int(torch.randint(0, 2**62, ()).item())))
+        drawn = data_seed if data_seed is not None else int(torch.randint(0, 2**62, ()).item())
+        generator.manual_seed(_agree(drawn, num_processes))
         replacement = RandomSampler(
             sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, generator=generator
         )
@@ -162,7 +165,7 @@ def prepare_data_loader(
         else:
             # Only the main process draws the order, but a generator of its own makes it resumable.
             kwargs["batch_sampler"], generator, lockstep = _ordered_batch_sampler(
-                dataloader.batch_sampler, use_seedable_sampler, data_seed
+                dataloader.batch_sampler, use_seedable_sampler, data_seed, num_processes
             )
         prepared: Any = DataLoaderDispatcher(
             dataset,
@@ -240,7 +243,7 @@ def _shard_map_style(
             dataloader.dataset, device=device, rng_types=rng_types, batch_size=None, sampler=dataloader.sampler,
             _non_blocking=non_blocking, **kwargs,
         )  # fmt: skip
-    batch_sampler, generator, lockstep = _ordered_batch_sampler(batch_sampler, use_seedable_sampler, data_seed)
+    batch_sampler, generator, lockstep = _ordered_batch_sampler(batch_sampler, use_seedable_sampler, data_seed, num_processes)
     shard = BatchSamplerShard(
         batch_sampler,
         num_processes=num_processes,

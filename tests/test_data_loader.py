@@ -516,3 +516,17 @@ def test_random_sampler_order_is_the_same_for_every_shard_built_alike():
         generator.set_state(state)  # what the "generator" RNG sync does across processes
         per_process.append(list(BatchSamplerShard(base, 3, r)))
     assert sorted(stepwise(per_process)[:30]) == list(range(30))
+
+
+def test_worker_processes_with_persistent_workers():
+    source = DataLoader(list(range(10)), batch_size=2, num_workers=1, persistent_workers=True)
+    loaders = [prepare_data_loader(source, num_processes=2, process_index=r) for r in range(2)]
+    runs = [_run_prepared(loader) for loader in loaders]
+    assert stepwise([[b for b, _, _ in run] for run in runs]) == list(range(10)) + [0, 1]
+    assert [run[-1][2] for run in runs] == [2, 2]
+    iterator = iter(loaders[1])
+    next(iterator)
+    state = loaders[1].state_dict()
+    rest = [values(b) for b in iterator]
+    loaders[1].load_state_dict(state)
+    assert [values(b) for b in loaders[1]] == rest  # skipped by reading, the workers being persistent

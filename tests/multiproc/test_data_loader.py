@@ -216,3 +216,22 @@ def test_state_dict_resumes_on_the_next_batch(rank, world_size):
         resumed = make()
         resumed.load_state_dict(state)
         assert [_values(b) for b in resumed] == tail, (dispatch, iterable)
+
+
+@distributed_test(world_size=2, device=DEVICES)
+def test_put_on_device_goes_through_the_backend(rank, world_size):
+    from accel.data_loader import DeviceLoaderWrapper, prepare_data_loader
+    from accel.state import GradientState, PartialState
+
+    state = PartialState()
+    loader = prepare_data_loader(DataLoader(torch.arange(8 * world_size), batch_size=2), put_on_device=True)
+    probe = DataLoader([0])
+    assert isinstance(loader, DeviceLoaderWrapper) == (state.hardware.wrap_dataloader(probe, state.device) is not probe)
+    assert loader.total_batch_size == 2 * world_size and len(loader) == 4
+    ends = []
+    for batch in loader:
+        assert batch.device.type == state.device.type
+        ends.append(GradientState().end_of_dataloader)
+    assert ends == [False, False, False, True] and GradientState().active_dataloader is None
+    loader.set_epoch(1)
+    assert loader.iteration == 1
