@@ -50,9 +50,7 @@ CASES = {
     "fp32": (1, False, "no", 1e-5),
     "fp32-accumulate": (2, False, "no", 1e-5),
     "fp32-split": (1, True, "no", 1e-5),
-    "fp32-split-accumulate": (2, True, "no", 1e-5),
-    "bf16": (1, False, "bf16", 3e-2),
-    "bf16-accumulate": (2, True, "bf16", 3e-2),
+    "bf16-split-accumulate": (2, True, "bf16", 3e-2),
 }
 
 
