@@ -18,7 +18,13 @@ from accel.data.dispatch import DataLoaderDispatcher
 from accel.data.iterable import IterableDatasetShard
 from accel.data.loaders import DataLoaderShard, DeviceLoaderWrapper, SkipDataLoader
 from accel.data.progress import loader_kwargs
-from accel.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler, check_process
+from accel.data.samplers import (
+    BatchSamplerShard,
+    PermutationSampler,
+    SeedableRandomSampler,
+    SkipBatchSampler,
+    check_process,
+)
 
 __all__ = [
     "prepare_data_loader",
@@ -28,6 +34,7 @@ __all__ = [
     "DataLoaderShard",
     "DataLoaderDispatcher",
     "SeedableRandomSampler",
+    "PermutationSampler",
     "SkipBatchSampler",
     "SkipDataLoader",
     "DeviceLoaderWrapper",
@@ -75,8 +82,8 @@ def _ordered_batch_sampler(
         generator = torch.Generator()
         drawn = data_seed if data_seed is not None else int(torch.randint(0, 2**62, ()).item())
         generator.manual_seed(_agree(drawn, num_processes))
-        replacement = RandomSampler(
-            sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, generator=generator
+        replacement = PermutationSampler(
+            sampler.data_source, generator, replacement=sampler.replacement, num_samples=sampler._num_samples
         )
         lockstep = True
     else:

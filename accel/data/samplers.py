@@ -67,20 +67,46 @@ class SeedableRandomSampler(RandomSampler):
         """Draw the permutation of `epoch` on the next pass."""
         self.epoch = int(epoch)
 
-    def __iter__(self) -> Iterator[int]:
+    def epoch_indices(self) -> list[int]:
+        """The whole order of the current epoch, then move on to the next epoch."""
         generator = torch.Generator()
         generator.manual_seed(self.initial_seed + self.epoch)
-        n, total = len(self.data_source), self.num_samples
-        if self.replacement:
-            order = torch.randint(high=n, size=(total,), dtype=torch.int64, generator=generator).tolist()
-        else:
-            order = []
-            while len(order) < total:
-                order.extend(torch.randperm(n, generator=generator).tolist())
-            del order[total:]
-        yield from order
-        # A complete pass moves to the next epoch, so a loop that never calls set_epoch still reshuffles.
+        order = draw_order(len(self.data_source), self.num_samples, self.replacement, generator)
+        # Each pass moves to the next epoch, so a loop that never calls set_epoch still reshuffles.
         self.epoch += 1
+        return order
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.epoch_indices())
+
+
+def draw_order(size: int, count: int, replacement: bool, generator: torch.Generator) -> list[int]:
+    """`count` indices below `size`: successive permutations, or draws with replacement."""
+    if replacement:
+        return torch.randint(high=size, size=(count,), dtype=torch.int64, generator=generator).tolist()
+    order: list[int] = []
+    while len(order) < count:
+        order.extend(torch.randperm(size, generator=generator).tolist())
+    del order[count:]
+    return order
+
+
+class PermutationSampler(RandomSampler):
+    """A `RandomSampler` over its own generator that draws each epoch's order in one call.
+
+    `prepare_data_loader` gives shuffled loaders one, seeded alike on every process;
+    drawing the order at once (rather than one index at a time) keeps sharding cheap.
+    """
+
+    def __init__(self, data_source: Any, generator: torch.Generator, replacement: bool = False, num_samples: int | None = None) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+
+    def epoch_indices(self) -> list[int]:
+        """The whole order of one epoch."""
+        return draw_order(len(self.data_source), self.num_samples, self.replacement, self.generator)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.epoch_indices())
 
 
 class SkipBatchSampler(Sampler):
@@ -224,11 +250,14 @@ class BatchSamplerShard(Sampler):
         batch_sampler = self.batch_sampler
         if type(batch_sampler) is not BatchSampler:
             return None
+        sampler = batch_sampler.sampler
+        if hasattr(sampler, "epoch_indices"):
+            return sampler.epoch_indices()
         try:
-            len(batch_sampler.sampler)
+            len(sampler)
         except TypeError:
             return None
-        return list(batch_sampler.sampler)
+        return list(sampler)
 
     def _iter_indices(self, indices: list[Any]) -> Iterator[list[Any]]:
         """This process's batches of a plain `BatchSampler` whose indices are `indices` (same result as the generic path)."""
