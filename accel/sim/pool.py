@@ -113,31 +113,38 @@ class RankPool:
         return open(path, "rb")  # noqa: SIM115  (kept open to read incrementally)
 
     def _handshake(self, deadline: float) -> None:
-        port = self._expect(0, "port", deadline)
-        for conn in self._conns[1:]:
-            conn.send(("port", port))
-        for rank in range(self.world_size):
-            self._expect(rank, "ready", deadline)
+        """Pass rank 0's rendezvous port to the others, then wait until every rank is ready.
 
-    def _expect(self, rank: int, what: str, deadline: float) -> Any:
-        conn, proc = self._conns[rank], self._procs[rank]
-        while True:
+        Every rank is watched all along: one that dies or fails while the others wait
+        for it in the rendezvous fails the start at once, not at the deadline.
+        """
+        ready: set[int] = set()
+        while len(ready) < self.world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self._start_failed({rank: RankFailure(rank, "timeout", stack=self._dump_stacks([rank])[rank])}, "timeout")
-            ready = multiprocessing.connection.wait([conn, proc.sentinel], timeout=min(remaining, RELAY_INTERVAL))
+                waiting = [rank for rank in range(self.world_size) if rank not in ready]
+                dumped = self._dump_stacks(waiting)
+                self._start_failed({rank: RankFailure(rank, "timeout", stack=dumped[rank]) for rank in waiting}, "timeout")
+            conns = [self._conns[rank] for rank in range(self.world_size) if rank not in ready]
+            signalled = multiprocessing.connection.wait(conns + [proc.sentinel for proc in self._procs], timeout=min(remaining, RELAY_INTERVAL))
             self.relay()
-            if conn in ready or conn.poll():
-                try:
-                    message = conn.recv()
-                except EOFError:
-                    message = None
-                if message is not None and message[0] == what:
-                    return message[1]
-                if message is not None and message[0] == "error":
-                    self._start_failed({rank: _exception_failure(rank, message[1])}, "error")
-            if proc.sentinel in ready:
-                self._start_failed({rank: self._death(rank)}, "death")
+            for rank in range(self.world_size):
+                conn = self._conns[rank]
+                if rank not in ready and (conn in signalled or conn.poll()):
+                    try:
+                        kind, value = conn.recv()
+                    except EOFError:
+                        continue  # it died: its sentinel tells how
+                    if kind == "port":
+                        for other in self._conns[1:]:
+                            other.send(("port", value))
+                    elif kind == "ready":
+                        ready.add(rank)
+                    elif kind == "error":
+                        self._start_failed({rank: _exception_failure(rank, value)}, "error")
+            for rank, proc in enumerate(self._procs):
+                if proc.sentinel in signalled:
+                    self._start_failed({rank: self._death(rank)}, "death")
 
     def _start_failed(self, failures: dict[int, RankFailure], why: str) -> None:
         self.relay(final=True)
