@@ -509,6 +509,7 @@ def test_process_helpers_single_process(capsys):
     t = torch.arange(3)
     assert torch.equal(acc.gather(t), t) and torch.equal(acc.reduce(t), t)
     assert torch.equal(acc.pad_across_processes(t), t)
+    assert torch.equal(acc.gather_for_metrics(t), t)
     with acc.join_uneven_inputs([]):
         pass
     acc.end_training()
