@@ -20,7 +20,7 @@ from accel.sim.failures import DistributedFailure
 from accel.sim.manager import PoolManager
 from accel.sim.pool import RankOutcome
 from harness import remote
-from harness.decorator import RANK_FIXTURES, DistributedSpec
+from harness.decorator import ALLOWED_FIXTURES, RANK_FIXTURES, DistributedSpec
 
 #: pytest's outcome exceptions, by class (when the exception came back) or by name
 _OUTCOMES = {"skip": pytest.skip.Exception, "xfail": pytest.xfail.Exception}
@@ -36,8 +36,6 @@ def shared_kwargs(item: pytest.Function, spec: DistributedSpec) -> dict[str, Any
 
 def unknown_fixtures(item: pytest.Function, spec: DistributedSpec) -> list[str]:
     """Parameters of the body that cannot reach the ranks (other fixtures)."""
-    from harness.decorator import ALLOWED_FIXTURES
-
     callspec = getattr(item, "callspec", None)
     parametrized = set(callspec.params) if callspec is not None else set()
     params = spec.params[1:] if spec.params[:1] == ("self",) else spec.params

@@ -98,7 +98,7 @@ class DistributedFailure(RuntimeError):
 
     def first(self) -> RankFailure:
         """The failure most likely to be the cause (the launcher orders them so)."""
-        return next(iter(self.failures.values()))
+        return next(iter(self.failures.values()), None) or next(iter(self.stopped.values()))
 
     def report(self) -> str:
         """The full multi-rank report: every failure, then where the stopped ranks waited."""
