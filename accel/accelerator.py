@@ -132,7 +132,7 @@ class Accelerator:
         for attr in _HANDLER_ATTRS.values():
             setattr(self, attr, None)
         for handler in kwargs_handlers or []:
-            attr = _HANDLER_ATTRS.get(type(handler))
+            attr = next((name for cls, name in _HANDLER_ATTRS.items() if isinstance(handler, cls)), None)
             if attr is None:
                 raise ValueError(
                     f"kwargs_handlers got {handler!r}; the handlers Accelerator uses are "
@@ -163,22 +163,27 @@ class Accelerator:
 
     @property
     def device(self) -> torch.device:
+        """The device this process computes on."""
         return self.state.device
 
     @property
     def distributed_type(self) -> Any:
+        """How this run is distributed (NO, MULTI_CPU, MULTI_GPU, XLA)."""
         return self.state.distributed_type
 
     @property
     def num_processes(self) -> int:
+        """Number of processes training together."""
         return self.state.num_processes
 
     @property
     def process_index(self) -> int:
+        """Global index of this process."""
         return self.state.process_index
 
     @property
     def local_process_index(self) -> int:
+        """Index of this process on its machine."""
         return self.state.local_process_index
 
     @property
@@ -193,26 +198,32 @@ class Accelerator:
 
     @property
     def is_last_process(self) -> bool:
+        """True on the process of highest index."""
         return self.state.is_last_process
 
     @property
     def use_distributed(self) -> bool:
+        """Whether more than one process trains."""
         return self.state.use_distributed
 
     @property
     def mixed_precision(self) -> str:
+        """The mixed precision in use: "no", "fp16", "bf16" or "fp8"."""
         return self.state.mixed_precision
 
     @property
     def split_batches(self) -> bool:
+        """Whether prepared loaders split each batch across processes."""
         return self.dataloader_config.split_batches
 
     @property
     def dispatch_batches(self) -> bool | None:
+        """Whether prepared loaders load on the main process and dispatch (None: by dataset kind)."""
         return self.dataloader_config.dispatch_batches
 
     @property
     def even_batches(self) -> bool:
+        """Whether prepared loaders even out the last batches across processes (settable)."""
         return self.dataloader_config.even_batches
 
     @even_batches.setter
@@ -221,18 +232,22 @@ class Accelerator:
 
     @property
     def use_seedable_sampler(self) -> bool:
+        """Whether prepared loaders shuffle with a seedable sampler."""
         return self.dataloader_config.use_seedable_sampler
 
     @property
     def non_blocking(self) -> bool:
+        """Whether batches are copied to the device asynchronously."""
         return self.dataloader_config.non_blocking
 
     @property
     def project_dir(self) -> str | None:
+        """Where checkpoints are written with automatic naming."""
         return self.project_configuration.project_dir
 
     @property
     def logging_dir(self) -> str | None:
+        """Where logs go (defaults to the project directory)."""
         return self.project_configuration.logging_dir
 
     @property
@@ -251,6 +266,7 @@ class Accelerator:
 
     @property
     def gradient_accumulation_steps(self) -> int:
+        """Batches accumulated per optimizer step (settable)."""
         return self.gradient_state.num_steps
 
     @gradient_accumulation_steps.setter

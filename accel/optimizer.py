@@ -108,6 +108,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state."""
         return self.optimizer.state
 
     @state.setter
@@ -116,6 +117,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups (the same list)."""
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -124,6 +126,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     @property
     def defaults(self) -> dict[str, Any]:
+        """The wrapped optimizer's default hyper-parameters."""
         return self.optimizer.defaults
 
     @defaults.setter
@@ -131,9 +134,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.defaults = value
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the wrapped optimizer."""
         self.optimizer.add_param_group(param_group)
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict."""
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

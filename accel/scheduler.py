@@ -60,7 +60,7 @@ class AcceleratedScheduler:
                 break
             self.scheduler.step(*args, **kwargs)
 
-    # -- forwarding to the wrapped scheduler -------------------------------------------
+    # -- forwarding to the wrapped scheduler (same meaning as on torch's schedulers) ----
 
     def get_last_lr(self) -> list[float]:
         return self.scheduler.get_last_lr()
