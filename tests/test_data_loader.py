@@ -530,3 +530,28 @@ def test_worker_processes_with_persistent_workers():
     rest = [values(b) for b in iterator]
     loaders[1].load_state_dict(state)
     assert [values(b) for b in loaders[1]] == rest  # skipped by reading, the workers being persistent
+
+
+class SeededStream(IterableDataset):
+    """A shuffled stream whose order comes from its own generator."""
+
+    def __init__(self, length):
+        self.length = length
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __iter__(self):
+        return iter(torch.randperm(self.length, generator=self.generator).tolist())
+
+
+def test_iterable_dataset_generator_is_the_synchronised_one_and_resumes():
+    stream = SeededStream(12)
+    make = lambda: prepare_data_loader(DataLoader(stream, batch_size=2), num_processes=2, process_index=0, rng_types=["generator"], dispatch_batches=False)  # noqa: E731
+    loader = make()
+    assert loader.synchronized_generator is stream.generator
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    rest = [values(b) for b in iterator]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [values(b) for b in resumed] == rest

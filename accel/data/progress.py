@@ -116,7 +116,11 @@ class LoaderProgress:
     def _order_generator(self) -> torch.Generator | None:
         if self.synchronized_generator is not None:
             return self.synchronized_generator
-        source = self._order_sampler() if not isinstance(self.dataset, IterableDataset) else self.dataset
+        source = self.dataset
+        if isinstance(source, IterableDatasetShard):
+            source = source.dataset
+        elif not isinstance(source, IterableDataset):
+            source = self._order_sampler()
         generator = getattr(source, "generator", None)
         return generator if isinstance(generator, torch.Generator) else None
 
