@@ -226,8 +226,7 @@ def test_prepared_loaders_gather_each_sample_once(layout, iterable):
         for r in range(n)
     ]
     runs = [_run_prepared(loader) for loader in loaders]
-    if not iterable:
-        assert [len(loader) for loader in loaders] == [len(run) for run in runs]
+    assert [len(loader) for loader in loaders] == [len(run) for run in runs]
     for run in runs:
         assert [end for _, end, _ in run] == [False] * (len(run) - 1) + [True] * bool(run)
     assert loaders[0].total_batch_size == (batch if split else batch * n)

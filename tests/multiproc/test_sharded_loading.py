@@ -75,6 +75,20 @@ def test_dispatcher_split_batches_and_padding(rank, world_size):
     assert loader.remainder == 2 * world_size - 1
 
 
+def _tenfold_slice(data, part, process_index=None, num_processes=None):
+    from accel.utils.operations import slice_tensors
+
+    return slice_tensors(data, part) * 10
+
+
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_dispatcher_uses_the_given_slice_function(rank, world_size):
+    from accel.data_loader import prepare_data_loader
+
+    loader = prepare_data_loader(DataLoader(Stream(2 * world_size), batch_size=2), slice_fn_for_dispatch=_tenfold_slice)
+    assert [_values(b) for b in loader] == [[20.0 * rank, 20.0 * rank + 10]]
+
+
 @distributed_test(world_size=SIZES, device=DEVICES)
 def test_shuffling_is_identical_across_ranks(rank, world_size):
     from accel.data_loader import prepare_data_loader
