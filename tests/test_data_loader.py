@@ -554,3 +554,28 @@ def test_iterable_dataset_generator_is_the_synchronised_one_and_resumes():
     resumed = make()
     resumed.load_state_dict(state)
     assert [values(b) for b in resumed] == rest
+
+
+class BatchIndexed(torch.utils.data.Dataset):
+    """A dataset indexed by whole lists of indices (used with a BatchSampler as `sampler`)."""
+
+    def __getitem__(self, indices):
+        return torch.tensor(indices)
+
+    def __len__(self):
+        return 10
+
+
+def test_batch_sampler_given_as_sampler_is_sharded():
+    source = DataLoader(BatchIndexed(), sampler=BatchSampler(SequentialSampler(range(10)), 2, False), batch_size=None)
+    loaders = [prepare_data_loader(source, num_processes=2, process_index=r) for r in range(2)]
+    assert [[values(b) for b in loader] for loader in loaders] == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [0, 1]]]
+    assert loaders[0].total_batch_size == 4 and loaders[0]._last_padding() == 2
+    assert [values(b) for b in skip_first_batches(loaders[1], 1)] == [[6, 7], [0, 1]]
+
+
+def test_unbatched_map_style_loader_cannot_be_sharded():
+    source = DataLoader(list(range(4)), batch_size=None)
+    with pytest.raises(ValueError, match="batch_size=None across 2 processes"):
+        prepare_data_loader(source, num_processes=2, process_index=0)
+    assert [values(torch.as_tensor(b)) for b in prepare_data_loader(source, num_processes=1, process_index=0)] == [0, 1, 2, 3]

@@ -234,7 +234,7 @@ def test_state_dict_resumes_on_the_next_batch(rank, world_size):
 
 @distributed_test(world_size=2, device=DEVICES)
 def test_put_on_device_goes_through_the_backend(rank, world_size):
-    from accel.data_loader import DeviceLoaderWrapper, prepare_data_loader
+    from accel.data_loader import DeviceLoaderWrapper, prepare_data_loader, skip_first_batches
     from accel.state import GradientState, PartialState
 
     state = PartialState()
@@ -249,3 +249,5 @@ def test_put_on_device_goes_through_the_backend(rank, world_size):
     assert ends == [False, False, False, True] and GradientState().active_dataloader is None
     loader.set_epoch(1)
     assert loader.iteration == 1
+    skipped = skip_first_batches(loader, 3)
+    assert type(skipped) is type(loader) and [b.tolist() for b in skipped] == [[6 * world_size + 2 * rank + i for i in range(2)]]
