@@ -529,3 +529,22 @@ def test_constructor_arguments_are_checked():
     assert acc.project_dir == "proj" and acc.logging_dir == "proj"
     acc2 = Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(bucket_cap_mb=1)])
     assert acc2.ddp_handler.to_kwargs() == {"bucket_cap_mb": 1}
+
+
+def test_join_helpers_say_what_is_missing():
+    from accel.joining import join_ddp_models, join_optimizer_steps
+    from accel.state import active_backend
+
+    with pytest.raises(ValueError, match="prepare an optimizer"):
+        with join_optimizer_steps([], active_backend()):
+            pass
+    with pytest.raises(ValueError, match="DistributedDataParallel model"):
+        with join_ddp_models([make_model()]):
+            pass
+
+
+def test_fp8_engine_choice_is_checked():
+    from accel.utils.fp8 import find_fp8_engine
+
+    with pytest.raises(ValueError, match="'MSAMP' is not supported"):
+        find_fp8_engine("MSAMP")
