@@ -21,7 +21,7 @@ def context() -> Any:
     server = forkserver._forkserver  # noqa: SLF001  (the only way to add to the preload list)
     if getattr(server, "_forkserver_pid", None) is None:
         wanted = list(getattr(server, "_preload_modules", ["__main__"]))
-        for name in (entry.WORKER_MODULE, *_extra_preload):
+        for name in (*entry.PRELOAD, *_extra_preload):
             if name not in wanted:
                 wanted.append(name)
         server.set_forkserver_preload(wanted)

@@ -11,8 +11,7 @@ launches running side by side never collide.
 Then, per task: restore the clean slate (`accel.sim.cleanslate`), run the function,
 report its value or what went wrong, and whether the process group is still there.
 
-The fork server imports this module once, so torch and accel are already loaded in
-every rank it forks.
+The fork server has already imported torch and accel (`accel.sim.entry.PRELOAD`).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 import accel.state  # noqa: F401  (preloaded: every rank needs it)
-from accel.sim import coverage_support, serialize
+from accel.sim import serialize
 from accel.sim.cleanslate import CleanSlate, seed_everything
 
 #: source files whose frames are left out of a rank's traceback (the simulator's own)
@@ -48,8 +47,10 @@ def hide_frames_of(path: str) -> None:
     INTERNAL_FILES.add(path)
 
 
-def serve(config: dict[str, Any], conn: Any) -> None:
-    """Entry point of a rank process (see the module docstring)."""
+def serve(config: dict[str, Any], conn: Any, coverage: Any = None) -> None:
+    """Entry point of a rank process (see the module docstring); `coverage` measures it, if any."""
+    global _coverage_started
+    _coverage_started = coverage
     _bind_lifetime_to_parent()
     _redirect_output(config["workdir"], config["rank"])
     try:
@@ -71,8 +72,7 @@ def serve(config: dict[str, Any], conn: Any) -> None:
         _, payload, cwd, sys_path = message
         outcome = _run_task(slate, payload, cwd, sys_path)
         _flush()
-        if _coverage_started is not None:
-            _coverage_started.save()  # now: the rank may be killed before it exits
+        _save_coverage()
         outcome["pg_ok"] = _group_exists() == had_group
         conn.send_bytes(pickle.dumps(("done", outcome), protocol=pickle.HIGHEST_PROTOCOL))
         if outcome["status"] == "exit":
@@ -128,7 +128,6 @@ def _redirect_output(workdir: str, rank: int) -> None:
 
 
 def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
-    global _coverage_started
     rank, world_size, device = config["rank"], config["world_size"], config["device"]
     os.environ.clear()
     os.environ.update(config["env"])
@@ -139,7 +138,6 @@ def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
         LOCAL_WORLD_SIZE=str(world_size),
         MASTER_ADDR="127.0.0.1",
     )
-    _coverage_started = coverage_support.start_in_rank(config.get("coverage"))
     torch.set_num_threads(config["num_threads"])
     os.environ["MASTER_PORT"] = str(_rendezvous_port(rank, world_size, conn))
     reset_device = _prepare_device(device, config["real_device"])
@@ -229,6 +227,16 @@ def describe_exception(error: BaseException) -> dict[str, Any]:
     }
 
 
+def _save_coverage() -> None:
+    # Now, after every task: the rank may be killed before it exits.
+    if _coverage_started is None:
+        return
+    try:
+        _coverage_started.save()
+    except Exception as error:  # noqa: BLE001  (losing coverage data must not fail the test)
+        print(f"accel.sim: could not save this rank's coverage data: {error!r}", file=sys.stderr)
+
+
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
@@ -239,7 +247,8 @@ def _flush() -> None:
 
 
 def _exit(code: int) -> None:
+    # No coverage save here: each task's data was saved when it ended, and a save now
+    # (at the end of a session) would come after pytest-cov combined the data files,
+    # leaving a stray one for the next run to pick up.
     _flush()
-    if _coverage_started is not None:
-        _coverage_started.save()
     os._exit(code)
