@@ -1,10 +1,24 @@
-"""pytest plugin for multi-rank tests (see harness.plugin).
+"""pytest plugin for multi-rank tests (loaded through the `pytest11` entry point).
 
     from harness import distributed_test
 
-    @distributed_test(world_size=[2, 4], device=["cpu", "cuda", "xla"])
-    def test_all_reduce(rank, world_size):
-        ...  # runs inside every simulated rank
+    @distributed_test(world_size=[2, 4], device=["cpu", "cuda", "xla"], timeout=30)
+    def test_all_reduce(rank, world_size, tmp_path):
+        ...  # runs inside every simulated rank, PartialState() ready
+
+- The body runs in every rank of a warm pool; each test starts clean (environment,
+  accel state, seeds, process group). `isolated=True` asks for fresh processes.
+- Arguments: `rank`, `local_rank`, `world_size`, `device`, `tmp_path` (one directory
+  shared by all ranks) and `pytest.mark.parametrize` values; lists of `world_size` /
+  `device` parametrize. Other fixtures cannot cross into ranks and are refused.
+- A rank that raises fails the test with its own traceback (`[rank N]` on each line);
+  exits and signals are named; a hang fails after `timeout` with every live rank's
+  stack. `pytest.skip` / `pytest.xfail` on any rank skip / xfail the test.
+- Works under `pytest -n N`, `coverage run -m pytest`, pytest-cov and hypothesis
+  (every rank draws the same examples).
+- Markers `gpu`, `multi_gpu`, `tpu` skip without that hardware; `--real-devices` runs
+  `device="cuda"` tests on real GPUs (NCCL) when there are enough of them.
+- Test functions must be importable from their module (module level or a test class).
 """
 
 from harness.decorator import distributed_test
