@@ -119,8 +119,9 @@ def launch(
     Raises:
         DistributedFailure: a rank raised, exited or was killed (every failed rank is
             named with its own traceback, exit code or signal).
-        DistributedTimeout: ranks were still running after `timeout` seconds (each
-            live rank's Python stack is in the message); they are killed.
+        DistributedTimeout: ranks were still running `timeout` seconds after the call
+            was sent to them (starting fresh ranks is not counted); each live rank's
+            Python stack is in the message, and the ranks are killed.
 
     `real_device=True` runs on the real hardware instead (`device="cuda"`: one GPU per
     rank, NCCL), with nothing simulated.
