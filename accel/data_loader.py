@@ -156,64 +156,18 @@ def prepare_data_loader(
             f"{num_processes}, or split_batches=False."
         )
 
+    options = {"device": target, "rng_types": rng_types, "_non_blocking": non_blocking}
     if dispatch_batches:
-        state = _partial_state()
-        if (num_processes, process_index) != (state.num_processes, state.process_index):
-            raise ValueError(
-                f"dispatch_batches=True broadcasts between the processes actually running ({state.num_processes}, "
-                f"this one {state.process_index}), but num_processes={num_processes} and process_index="
-                f"{process_index} were given. Pass dispatch_batches=False to shard locally."
-            )
-        generator, lockstep = getattr(dataset, "generator", None) if iterable else None, False
-        if iterable or dataloader.batch_sampler is None:
-            kwargs.update(batch_size=batch_size, drop_last=dataloader.drop_last if batch_size is not None else False)
-            if not iterable:
-                kwargs["sampler"] = dataloader.sampler
-        else:
-            # Only the main process draws the order, but a generator of its own makes it resumable.
-            kwargs["batch_sampler"], generator, lockstep = _ordered_batch_sampler(
-                dataloader.batch_sampler, use_seedable_sampler, data_seed, num_processes
-            )
-        prepared: Any = DataLoaderDispatcher(
-            dataset,
-            split_batches=split_batches,
-            _drop_last=dataloader.drop_last,
-            _non_blocking=non_blocking,
-            slice_fn=slice_fn_for_dispatch,
-            device=target,
-            rng_types=rng_types,
-            synchronized_generator=generator if isinstance(generator, torch.Generator) else None,
-            even_batches=even_batches,
-            **kwargs,
-        )
-        prepared._generator_in_lockstep = lockstep
+        prepared = _dispatcher(
+            dataloader, kwargs, options, num_processes, process_index, split_batches, even_batches,
+            slice_fn_for_dispatch, use_seedable_sampler, data_seed,
+        )  # fmt: skip
     elif iterable:
-        generator = getattr(dataset, "generator", None)
-        if num_processes > 1:
-            dataset = IterableDatasetShard(
-                dataset,
-                batch_size=batch_size if batch_size is not None else 1,
-                drop_last=dataloader.drop_last,
-                num_processes=num_processes,
-                process_index=process_index,
-                split_batches=split_batches,
-            )
-        per_process = batch_size // num_processes if split_batches and batch_size is not None else batch_size
-        prepared = DataLoaderShard(
-            dataset,
-            device=target,
-            rng_types=rng_types,
-            synchronized_generator=generator if isinstance(generator, torch.Generator) else None,
-            _drop_last=dataloader.drop_last,
-            _non_blocking=non_blocking,
-            batch_size=per_process,
-            drop_last=dataloader.drop_last if per_process is not None else False,
-            **kwargs,
-        )
+        prepared = _shard_iterable(dataloader, kwargs, options, num_processes, process_index, split_batches)
     else:
         prepared = _shard_map_style(
-            dataloader, kwargs, target, num_processes, process_index, split_batches, rng_types,
-            even_batches, use_seedable_sampler, non_blocking, data_seed,
+            dataloader, kwargs, options, num_processes, process_index, split_batches, even_batches,
+            use_seedable_sampler, data_seed,
         )  # fmt: skip
 
     if put_on_device:
@@ -224,17 +178,96 @@ def prepare_data_loader(
     return prepared
 
 
-def _shard_map_style(
+def _own_generator(dataset: Any) -> torch.Generator | None:
+    generator = getattr(dataset, "generator", None)
+    return generator if isinstance(generator, torch.Generator) else None
+
+
+def _dispatcher(
     dataloader: DataLoader,
     kwargs: dict[str, Any],
-    device: Any,
+    options: dict[str, Any],
     num_processes: int,
     process_index: int,
     split_batches: bool,
-    rng_types: Any,
+    even_batches: bool,
+    slice_fn: Callable[..., Any] | None,
+    use_seedable_sampler: bool,
+    data_seed: int | None,
+) -> DataLoaderDispatcher:
+    state = _partial_state()
+    if (num_processes, process_index) != (state.num_processes, state.process_index):
+        raise ValueError(
+            f"dispatch_batches=True broadcasts between the processes actually running ({state.num_processes}, "
+            f"this one {state.process_index}), but num_processes={num_processes} and process_index="
+            f"{process_index} were given. Pass dispatch_batches=False to shard locally."
+        )
+    dataset, batch_size = dataloader.dataset, dataloader.batch_size
+    iterable = isinstance(dataset, IterableDataset)
+    generator, lockstep = _own_generator(dataset) if iterable else None, False
+    if iterable or dataloader.batch_sampler is None:
+        kwargs.update(batch_size=batch_size, drop_last=dataloader.drop_last if batch_size is not None else False)
+        if not iterable:
+            kwargs["sampler"] = dataloader.sampler
+    else:
+        # Only the main process draws the order, but a generator of its own makes it resumable.
+        kwargs["batch_sampler"], generator, lockstep = _ordered_batch_sampler(
+            dataloader.batch_sampler, use_seedable_sampler, data_seed, num_processes
+        )
+    prepared = DataLoaderDispatcher(
+        dataset,
+        split_batches=split_batches,
+        _drop_last=dataloader.drop_last,
+        slice_fn=slice_fn,
+        synchronized_generator=generator,
+        even_batches=even_batches,
+        **options,
+        **kwargs,
+    )
+    prepared._generator_in_lockstep = lockstep
+    return prepared
+
+
+def _shard_iterable(
+    dataloader: DataLoader,
+    kwargs: dict[str, Any],
+    options: dict[str, Any],
+    num_processes: int,
+    process_index: int,
+    split_batches: bool,
+) -> DataLoaderShard:
+    dataset, batch_size = dataloader.dataset, dataloader.batch_size
+    generator = _own_generator(dataset)
+    if num_processes > 1:
+        dataset = IterableDatasetShard(
+            dataset,
+            batch_size=batch_size if batch_size is not None else 1,
+            drop_last=dataloader.drop_last,
+            num_processes=num_processes,
+            process_index=process_index,
+            split_batches=split_batches,
+        )
+    per_process = batch_size // num_processes if split_batches and batch_size is not None else batch_size
+    return DataLoaderShard(
+        dataset,
+        synchronized_generator=generator,
+        _drop_last=dataloader.drop_last,
+        batch_size=per_process,
+        drop_last=dataloader.drop_last if per_process is not None else False,
+        **options,
+        **kwargs,
+    )
+
+
+def _shard_map_style(
+    dataloader: DataLoader,
+    kwargs: dict[str, Any],
+    options: dict[str, Any],
+    num_processes: int,
+    process_index: int,
+    split_batches: bool,
     even_batches: bool,
     use_seedable_sampler: bool,
-    non_blocking: bool,
     data_seed: int | None,
 ) -> DataLoaderShard:
     # A BatchSampler given as `sampler` (with batch_size=None) yields the batches itself.
@@ -246,10 +279,7 @@ def _shard_map_style(
                 "prepare_data_loader cannot shard a map-style DataLoader with batch_size=None across "
                 f"{num_processes} processes: give it a batch_size or a batch_sampler."
             )
-        return DataLoaderShard(
-            dataloader.dataset, device=device, rng_types=rng_types, batch_size=None, sampler=dataloader.sampler,
-            _non_blocking=non_blocking, **kwargs,
-        )  # fmt: skip
+        return DataLoaderShard(dataloader.dataset, batch_size=None, sampler=dataloader.sampler, **options, **kwargs)
     batch_sampler, generator, lockstep = _ordered_batch_sampler(batch_sampler, use_seedable_sampler, data_seed, num_processes)
     shard = BatchSamplerShard(
         batch_sampler,
@@ -261,11 +291,9 @@ def _shard_map_style(
     placement = {"sampler": shard, "batch_size": None} if sampler_is_batch_sampler else {"batch_sampler": shard}
     prepared = DataLoaderShard(
         dataloader.dataset,
-        device=device,
-        rng_types=rng_types,
         synchronized_generator=generator,
         _drop_last=dataloader.drop_last,
-        _non_blocking=non_blocking,
+        **options,
         **placement,
         **kwargs,
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from accel.data.iterable import IterableDatasetShard
 from accel.data.samplers import BatchSamplerShard, SkipBatchSampler

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from accel.utils.operations import concatenate, gather, gather_object, recursively_apply
+from accel.utils.operations import gather, gather_object, recursively_apply
 
 
 def _tensors(data: Any) -> list[torch.Tensor]:
