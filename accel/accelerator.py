@@ -374,7 +374,8 @@ class Accelerator:
             from accel.utils.fp8 import convert_model_to_fp8
 
             convert_model_to_fp8(inner, self.fp8_engine, self.fp8_recipe_handler)
-        if not evaluation_mode and self.use_distributed and any(p.requires_grad for p in inner.parameters()):
+        already_wrapped = extract_model_from_parallel(inner) is not inner  # the user wrapped it in DDP
+        if not (evaluation_mode or already_wrapped) and self.use_distributed and any(p.requires_grad for p in inner.parameters()):
             ddp_kwargs = self.ddp_handler.to_kwargs() if self.ddp_handler is not None else {}
             wrapped = self._hardware.wrap_model(inner, self.device, ddp_kwargs)
             if wrapped is not inner and self.ddp_handler is not None and hasattr(wrapped, "register_comm_hook"):
