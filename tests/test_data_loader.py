@@ -579,3 +579,28 @@ def test_unbatched_map_style_loader_cannot_be_sharded():
     with pytest.raises(ValueError, match="batch_size=None across 2 processes"):
         prepare_data_loader(source, num_processes=2, process_index=0)
     assert [values(torch.as_tensor(b)) for b in prepare_data_loader(source, num_processes=1, process_index=0)] == [0, 1, 2, 3]
+
+
+@PROPERTY
+@given(layouts, st.integers(0, 3), st.integers(0, 12), st.booleans())
+def test_resume_at_any_batch_yields_the_rest_of_the_epoch(layout, rank, consumed, shuffle):
+    length, n, split, even, drop = (layout[k] for k in ("length", "n", "split", "even", "drop"))
+    batch = layout["batch"] * n if split else layout["batch"]
+    rank %= n
+    shuffle = shuffle and length > 0  # RandomSampler refuses an empty dataset
+
+    def make():
+        source = DataLoader(list(range(length)), batch_size=batch, drop_last=drop, shuffle=shuffle)
+        options = dict(split_batches=split, even_batches=even, rng_types=["generator"], data_seed=9)
+        return prepare_data_loader(source, num_processes=n, process_index=rank, **options)
+
+    first = make()
+    list(first)  # resume inside the second epoch
+    iterator = iter(first)
+    done = [values(next(iterator)) for _ in range(min(consumed, len(first)))]
+    state = first.state_dict()
+    rest = [values(b) for b in iterator]
+    assert state["batches_yielded"] == len(done)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [values(b) for b in resumed] == rest
