@@ -214,6 +214,7 @@ def test_scheduler_without_adjustment_advances_once_per_optimizer_step():
     assert sched.get_last_lr()[0] == pytest.approx(1 / 3)
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # no optimizer step here, on purpose
 def test_scheduler_not_following_optimizer_steps_every_call():
     acc = Accelerator(gradient_accumulation_steps=4, step_scheduler_with_optimizer=False)
     _, _, sched = _prepared_with_scheduler(acc, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
