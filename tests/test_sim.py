@@ -425,3 +425,16 @@ def test_least_recently_used_pools_are_closed_beyond_the_warm_budget():
         assert [serialize.loads(o.value) for o in run_payload(payload, 1, "cpu", 30, manager=manager)] == pids[1]
     finally:
         manager.close()
+
+
+def make_a_group_and_count_descriptors():
+    import torch.distributed as dist
+
+    dist.all_gather_object([None] * dist.get_world_size(), 1, group=dist.new_group(backend="gloo"))
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts file descriptors through /proc")
+def test_groups_a_launch_created_are_gone_before_the_next():
+    counts = [launch(make_a_group_and_count_descriptors, world_size=3)[0] for _ in range(6)]
+    assert counts[-1] == counts[1]  # without the clean-up: a few more sockets every launch

@@ -4,10 +4,10 @@ A warm rank runs many tests one after the other. Before each one it puts back wh
 test may have changed and the next must not see: environment variables (to the
 snapshot taken when the pool started), `sys.argv` and the standard streams, `accel`'s
 shared state, the simulated device's own state, RNG seeds, the working directory and
-import path (the parent's, at the time of the launch), warning filters and torch's
-process-wide defaults. The process group
-is kept: recreating it is the expensive part of a start, and `reset_state()` leaves it
-alone by design.
+import path (the parent's, at the time of the launch), warning filters, torch's
+process-wide defaults, and process groups created by earlier tests. The default process
+group is kept: recreating it is the expensive part of a start, and `reset_state()`
+leaves it alone by design.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ class CleanSlate:
         self.default_dtype = torch.get_default_dtype()
         self.num_threads = torch.get_num_threads()
         self.deterministic = torch.are_deterministic_algorithms_enabled()
+        self.groups = set(_process_groups())
 
     def restore(self, cwd: str | None = None, sys_path: list[str] | None = None) -> None:
         """Put the rank back in its start-up state (see the module docstring)."""
@@ -55,11 +56,23 @@ class CleanSlate:
         # Bumps the filters' version so per-module "already warned" caches are dropped.
         getattr(warnings, "_filters_mutated", lambda: None)()
         self._restore_torch()
+        self._destroy_new_groups()
         from accel.state import reset_state
 
         reset_state()
         self._reset_device()
         seed_everything(SEED)
+
+    def _destroy_new_groups(self) -> None:
+        # Groups a test created (dist.new_group, a backend's own object group) would
+        # otherwise pile up test after test, each holding sockets to every peer, until
+        # the rank runs out of file descriptors. Nobody uses them once every rank has
+        # finished the test, which is when this runs; the default group stays.
+        import torch.distributed as dist
+
+        for group in _process_groups():
+            if group not in self.groups and group is not dist.GroupMember.WORLD:
+                dist.destroy_process_group(group)
 
     def _restore_torch(self) -> None:
         if torch.get_default_dtype() != self.default_dtype:
@@ -69,6 +82,14 @@ class CleanSlate:
         if torch.are_deterministic_algorithms_enabled() != self.deterministic:
             torch.use_deterministic_algorithms(self.deterministic)
         torch.set_grad_enabled(True)
+
+
+def _process_groups() -> list:
+    """Every process group of this process (torch keeps the registry private)."""
+    from torch.distributed import distributed_c10d
+
+    world = getattr(distributed_c10d, "_world", None)
+    return list(getattr(world, "pg_map", {}))
 
 
 def seed_everything(seed: int) -> None:
