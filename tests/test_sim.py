@@ -1,5 +1,6 @@
 """Tests of `accel.sim.launch`: results, failure reports, timeouts, warm pools and clean starts."""
 
+import logging
 import os
 import random
 import signal
@@ -108,10 +109,16 @@ def dirty_everything():
     numpy.random.seed(1234)
     torch.set_default_dtype(torch.float64)
     os.chdir("/")
+    import logging
+
+    logging.getLogger().setLevel(logging.DEBUG)
+    logging.disable(logging.CRITICAL)
     return True
 
 
 def read_clean_state():
+    import logging
+
     import numpy
     import torch
     import torch.distributed as dist
@@ -129,6 +136,7 @@ def read_clean_state():
         "dtype": str(torch.get_default_dtype()),
         "cwd": os.getcwd(),
         "pg": dist.is_initialized(),
+        "levels": (logging.getLogger().level, logging.root.manager.disable),
     }
 
 
@@ -384,6 +392,7 @@ def test_nothing_leaks_from_one_launch_to_the_next():
         assert state["leak"] is None and state["debug"] is False and state["leaked_attribute"] is False
         assert state["random"] == fresh["random"] and state["torch"] == fresh["torch"] and state["numpy"] == fresh["numpy"]
         assert state["dtype"] == "torch.float32" and state["cwd"] == os.getcwd() and state["pg"] is True
+        assert state["levels"] == (logging.WARNING, logging.NOTSET)
 
 
 def test_destroyed_process_group_is_replaced():

@@ -2,16 +2,17 @@
 
 A warm rank runs many tests one after the other. Before each one it puts back what a
 test may have changed and the next must not see: environment variables (to the
-snapshot taken when the pool started), `sys.argv` and the standard streams, `accel`'s
-shared state, the simulated device's own state, RNG seeds, the working directory and
-import path (the parent's, at the time of the launch), warning filters, torch's
-process-wide defaults, and process groups created by earlier tests. The default process
-group is kept: recreating it is the expensive part of a start, and `reset_state()`
-leaves it alone by design.
+snapshot taken when the pool started), `sys.argv`, the standard streams, logging
+levels, `accel`'s shared state, the simulated device's own state, RNG seeds, the
+working directory and import path (the parent's, at the time of the launch), warning
+filters, torch's process-wide defaults, and process groups created by earlier tests.
+The default process group is kept: recreating it is the expensive part of a start,
+and `reset_state()` leaves it alone by design.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import sys
@@ -38,6 +39,7 @@ class CleanSlate:
         self.num_threads = torch.get_num_threads()
         self.deterministic = torch.are_deterministic_algorithms_enabled()
         self.groups = set(_process_groups())
+        self.logging = _LoggingSnapshot()
 
     def restore(self, cwd: str | None = None, sys_path: list[str] | None = None) -> None:
         """Put the rank back in its start-up state (see the module docstring)."""
@@ -55,6 +57,7 @@ class CleanSlate:
         warnings.filters[:] = self.warning_filters
         # Bumps the filters' version so per-module "already warned" caches are dropped.
         getattr(warnings, "_filters_mutated", lambda: None)()
+        self.logging.restore()
         self._restore_torch()
         self._destroy_new_groups()
         from accel.state import reset_state
@@ -82,6 +85,33 @@ class CleanSlate:
         if torch.are_deterministic_algorithms_enabled() != self.deterministic:
             torch.use_deterministic_algorithms(self.deterministic)
         torch.set_grad_enabled(True)
+
+
+class _LoggingSnapshot:
+    """Root logger (level, handlers), `logging.disable`, and the levels of the loggers
+    that existed at start-up (`accel.logging.get_logger(name, level)` sets both)."""
+
+    def __init__(self) -> None:
+        root = logging.getLogger()
+        self.root_level, self.root_handlers = root.level, list(root.handlers)
+        self.disabled = logging.root.manager.disable
+        self.levels = {
+            name: logger.level for name, logger in logging.root.manager.loggerDict.items() if isinstance(logger, logging.Logger)
+        }
+
+    def restore(self) -> None:
+        root = logging.getLogger()
+        if root.level != self.root_level:
+            root.setLevel(self.root_level)
+        if root.handlers != self.root_handlers:
+            root.handlers[:] = self.root_handlers
+        if logging.root.manager.disable != self.disabled:
+            logging.disable(self.disabled)
+        loggers = logging.root.manager.loggerDict
+        for name, level in self.levels.items():
+            logger = loggers.get(name)
+            if isinstance(logger, logging.Logger) and logger.level != level:
+                logger.setLevel(level)
 
 
 def _process_groups() -> list:
