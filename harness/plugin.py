@@ -100,7 +100,7 @@ def _uses_real_device(item: pytest.Function) -> bool:
 def pytest_collection_finish(session: pytest.Session) -> None:
     # Start the fork server as soon as distributed tests are known to run: it imports
     # torch while the tests before the first distributed one run.
-    if any(_spec(item) is not None for item in session.items):
+    if not session.config.option.collectonly and any(_spec(item) is not None for item in session.items):
         forking.warm_up()
 
 
