@@ -11,6 +11,8 @@ _EXPORTS = {
     "accel.accelerator": ["Accelerator"],
     "accel.state": ["PartialState", "AcceleratorState", "GradientState", "reset_state"],
     "accel.data_loader": ["prepare_data_loader", "skip_first_batches"],
+    "accel.optimizer": ["AcceleratedOptimizer"],
+    "accel.scheduler": ["AcceleratedScheduler"],
     "accel.logging": ["get_logger"],
     "accel.utils.dataclasses": [
         "DistributedType",

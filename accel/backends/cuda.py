@@ -1,6 +1,6 @@
 """CUDA backend: one process per NVIDIA GPU, NCCL collectives.
 
-The hardware touch points (`_cuda_device`, `_set_cuda_device`, `comm_backend` and the
+The hardware touch points (`_cuda_device`, `set_device`, `comm_backend` and the
 `torch.cuda` RNG calls) are small methods so that the simulator can swap them and run
 the rest of this logic unchanged on CPU.
 """

@@ -33,8 +33,9 @@ class XLABackend(Backend):
     single_process_type = DistributedType.XLA
     priority = 20
 
-    def __init__(self) -> None:
-        self._gloo_group = None
+    #: (default group, Gloo group for objects): one per process group, shared by every
+    #: backend instance, so that resetting accel's state does not leak Gloo groups
+    _object_group: tuple[Any, Any] | None = None
 
     @classmethod
     def is_available(cls) -> bool:
@@ -82,9 +83,12 @@ class XLABackend(Backend):
 
     def object_group(self) -> Any:
         # The xla process group carries device tensors only; pickled objects go over Gloo.
-        if self._gloo_group is None:
-            self._gloo_group = dist.new_group(backend="gloo")
-        return self._gloo_group
+        default = dist.distributed_c10d._get_default_group()
+        cached = XLABackend._object_group
+        # Reuse while the default group is the same and the Gloo group was not destroyed.
+        if cached is None or cached[0] is not default or cached[1] not in dist.distributed_c10d._world.pg_map:
+            XLABackend._object_group = cached = (default, dist.new_group(backend="gloo"))
+        return cached[1]
 
     def barrier(self) -> None:
         _xm().rendezvous("accel.barrier")

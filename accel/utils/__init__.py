@@ -22,6 +22,9 @@ _EXPORTS = {
         "synchronize_rng_state",
         "DistributedOperationException",
     ],
+    "accel.utils.modeling": ["extract_model_from_parallel", "is_compiled_module"],
+    "accel.utils.memory": ["free_memory", "release_device_cache"],
+    "accel.utils.metrics": ["gather_for_metrics"],
     "accel.utils.dataclasses": [
         "DistributedType",
         "RNGType",
