@@ -477,6 +477,22 @@ def test_state_dict_resumes_on_the_next_batch(kind):
     assert head and head[0] not in tail or kind in ("stream", "dispatcher")
 
 
+def test_resuming_mid_epoch_leaves_the_global_rng_as_the_uninterrupted_run_has_it():
+    source = DataLoader(list(range(12)), batch_size=2, shuffle=True)
+    loader = prepare_data_loader(source, num_processes=2, process_index=0)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    rng_after_first_batch = torch.get_rng_state()
+    resumed = prepare_data_loader(source, num_processes=2, process_index=0)
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng_after_first_batch)  # as Accelerator.load_state restores it
+    resumed_iterator = iter(resumed)
+    next(resumed_iterator)
+    assert torch.equal(torch.get_rng_state(), rng_after_first_batch)  # no second base-seed draw
+    assert next(resumed_iterator) is not None
+
+
 def test_state_between_epochs_starts_the_next_epoch():
     source = DataLoader(list(range(12)), batch_size=2, shuffle=True)
     loader = prepare_data_loader(source, num_processes=2, process_index=0, rng_types=["generator"])

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from accel.data.iterable import IterableDatasetShard
 from accel.data.samplers import BatchSamplerShard, SkipBatchSampler
 from accel.utils.dataclasses import RNGType
+from accel.state import GradientState
 
 #: constructor arguments of `DataLoader` that a rebuilt loader takes over unchanged
 LOADER_ARGUMENTS = (
@@ -206,15 +207,13 @@ class LoaderProgress:
         self._in_epoch = False
 
     def _begin(self) -> None:
-        from accel.state import GradientState
-
         self.end_of_dataloader = False
         self.remainder = -1
         GradientState()._add_dataloader(self)
 
     def _end(self) -> None:
-        from accel.state import GradientState
-
+        # GradientState is imported at module level: this runs in generator finalisers,
+        # possibly while the interpreter shuts down and can no longer import.
         GradientState()._remove_dataloader(self)
 
     # -- resume ----------------------------------------------------------------------------
@@ -256,10 +255,16 @@ class LoaderProgress:
         """A fresh iterator of the underlying DataLoader, `skip_batches` batches in."""
         by_index = skip_batches if self._can_skip_indices() else 0
         self._skip_now = by_index
+        # DataLoader.__iter__ draws its base seed from the global torch RNG. Started mid-epoch,
+        # the run being continued drew it already (its RNG state was restored from the
+        # checkpoint), so a second draw would shift dropout & co. away from the uninterrupted run.
+        rng_state = torch.get_rng_state() if skip_batches else None
         try:
             iterator = DataLoader.__iter__(self)
         finally:
             self._skip_now = 0
+            if rng_state is not None:
+                torch.set_rng_state(rng_state)
         for _ in range(skip_batches - by_index):
             if next(iterator, _END) is _END:
                 break
