@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def lazy_exports(package: str, table: dict[str, list[str]]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:

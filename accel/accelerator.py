@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
-from accel.optimizer import AcceleratedOptimizer, backend_reduces_gradients_in_step
+from accel.optimizer import AcceleratedOptimizer
 from accel.scheduler import AcceleratedScheduler
-from accel.state import AcceleratorState, GradientState, PartialState
+from accel.state import AcceleratorState, GradientState
 from accel.utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -354,7 +355,9 @@ class Accelerator:
             return self.prepare_optimizer(obj, device_placement=placement)
         return obj
 
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
         """Place `model` on the device, apply mixed precision and wrap it for data parallelism.
 
         The wrapping is the backend's (DistributedDataParallel on CPU/GPU with the
@@ -375,7 +378,11 @@ class Accelerator:
 
             convert_model_to_fp8(inner, self.fp8_engine, self.fp8_recipe_handler)
         already_wrapped = extract_model_from_parallel(inner) is not inner  # the user wrapped it in DDP
-        if not (evaluation_mode or already_wrapped) and self.use_distributed and any(p.requires_grad for p in inner.parameters()):
+        if (
+            not (evaluation_mode or already_wrapped)
+            and self.use_distributed
+            and any(p.requires_grad for p in inner.parameters())
+        ):
             ddp_kwargs = self.ddp_handler.to_kwargs() if self.ddp_handler is not None else {}
             wrapped = self._hardware.wrap_model(inner, self.device, ddp_kwargs)
             if wrapped is not inner and self.ddp_handler is not None and hasattr(wrapped, "register_comm_hook"):
@@ -392,7 +399,9 @@ class Accelerator:
         self._models.append(result)
         return result
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
         """Wrap `optimizer` in an `AcceleratedOptimizer` (accumulation-aware, fp16 scaler)."""
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
@@ -419,7 +428,9 @@ class Accelerator:
         self._schedulers.append(wrapped)
         return wrapped
 
-    def prepare_data_loader(self, data_loader: Any, device_placement: bool | None = None, slice_fn_for_dispatch: Callable | None = None) -> Any:
+    def prepare_data_loader(
+        self, data_loader: Any, device_placement: bool | None = None, slice_fn_for_dispatch: Callable | None = None
+    ) -> Any:
         """Shard `data_loader` across processes (see `accel.data_loader.prepare_data_loader`)."""
         from accel.data_loader import prepare_data_loader
 
@@ -451,9 +462,13 @@ class Accelerator:
 
         return skip_first_batches(dataloader, num_batches=num_batches)
 
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = False) -> torch.nn.Module:
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = False
+    ) -> torch.nn.Module:
         """The user's module inside the wrappers added by `prepare` (DDP) and by `torch.compile`."""
-        return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+        return extract_model_from_parallel(
+            model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
+        )
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
         """The state dict of `model` without the wrappers' key prefixes."""
@@ -533,7 +548,13 @@ class Accelerator:
         gradients are still being accumulated)."""
         if not self.gradient_state.sync_gradients:
             return
-        optimizers = self._optimizers if optimizer is None else optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+        optimizers = (
+            self._optimizers
+            if optimizer is None
+            else optimizer
+            if isinstance(optimizer, (list, tuple))
+            else [optimizer]
+        )
         for opt in optimizers:
             if isinstance(opt, AcceleratedOptimizer):
                 opt.unscale_gradients()
@@ -739,7 +760,9 @@ class Accelerator:
                 raise ValueError("load_state() needs input_dir, or automatic checkpoint naming with a project_dir")
             found = checkpointing.numbered_checkpoints(config.project_dir)
             if not found:
-                raise FileNotFoundError(f"no checkpoint_<n> folder under {os.path.join(config.project_dir, 'checkpoints')}")
+                raise FileNotFoundError(
+                    f"no checkpoint_<n> folder under {os.path.join(config.project_dir, 'checkpoints')}"
+                )
             number, input_dir = found[-1]
             config.iteration = number + 1
         input_dir = os.fspath(input_dir)
@@ -834,6 +857,8 @@ def _merge_dataloader_config(config: DataLoaderConfiguration | None, **shortcuts
         default = getattr(DataLoaderConfiguration, name, None)
         current = getattr(config, name)
         if current != default and current != value:
-            raise ValueError(f"{name}={value!r} conflicts with dataloader_config.{name}={current!r}; set it in one place")
+            raise ValueError(
+                f"{name}={value!r} conflicts with dataloader_config.{name}={current!r}; set it in one place"
+            )
         setattr(config, name, value)
     return config

@@ -22,7 +22,8 @@ import os
 import random
 import re
 import shutil
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -203,13 +204,19 @@ def load_checkpoint(
         state = load_file(_required(os.path.join(input_dir, indexed_name(MODEL_NAME, i)), f"model {i}"))
         model.load_state_dict(state, strict=strict)
     for i, opt in enumerate(optimizers):
-        opt.load_state_dict(load_file(_required(os.path.join(input_dir, indexed_name(OPTIMIZER_NAME, i)), f"optimizer {i}")))
+        opt.load_state_dict(
+            load_file(_required(os.path.join(input_dir, indexed_name(OPTIMIZER_NAME, i)), f"optimizer {i}"))
+        )
     for i, sched in enumerate(schedulers):
-        sched.load_state_dict(load_file(_required(os.path.join(input_dir, indexed_name(SCHEDULER_NAME, i)), f"scheduler {i}")))
+        sched.load_state_dict(
+            load_file(_required(os.path.join(input_dir, indexed_name(SCHEDULER_NAME, i)), f"scheduler {i}"))
+        )
     if scaler is not None:
         scaler.load_state_dict(load_file(_required(os.path.join(input_dir, SCALER_NAME), "the fp16 GradScaler")))
     for i, obj in enumerate(custom_objects):
-        obj.load_state_dict(load_file(_required(os.path.join(input_dir, f"{CUSTOM_NAME}_{i}.pkl"), f"custom object {i}")))
+        obj.load_state_dict(
+            load_file(_required(os.path.join(input_dir, f"{CUSTOM_NAME}_{i}.pkl"), f"custom object {i}"))
+        )
     for i, loader in enumerate(dataloaders):
         load_state_dict = getattr(loader, "load_state_dict", None)
         if not callable(load_state_dict):

@@ -9,7 +9,8 @@ this module is their public home.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
@@ -280,7 +281,9 @@ def _shard_map_style(
                 f"{num_processes} processes: give it a batch_size or a batch_sampler."
             )
         return DataLoaderShard(dataloader.dataset, batch_size=None, sampler=dataloader.sampler, **options, **kwargs)
-    batch_sampler, generator, lockstep = _ordered_batch_sampler(batch_sampler, use_seedable_sampler, data_seed, num_processes)
+    batch_sampler, generator, lockstep = _ordered_batch_sampler(
+        batch_sampler, use_seedable_sampler, data_seed, num_processes
+    )
     shard = BatchSamplerShard(
         batch_sampler,
         num_processes=num_processes,

@@ -18,7 +18,8 @@ prepared optimizer steps once per training step, in the order they were prepared
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 

@@ -217,7 +217,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
                 # Every rank must see the same (averaged) gradients to agree on an overflow.
                 average_gradients(self.optimizer, self._hardware, self._num_processes)
             scale_before = self.scaler.get_scale()
-            result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
+            result = (
+                self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
+            )
             self.scaler.update()
             # The scaler lowers its scale exactly when it found inf/nan and skipped the step.
             self._is_overflow = self.scaler.get_scale() < scale_before

@@ -30,7 +30,9 @@ class AcceleratedScheduler:
             one-process run), so do not multiply steps by the number of processes.
     """
 
-    def __init__(self, scheduler: Any, optimizers: Any, step_with_optimizer: bool = True, split_batches: bool = False) -> None:
+    def __init__(
+        self, scheduler: Any, optimizers: Any, step_with_optimizer: bool = True, split_batches: bool = False
+    ) -> None:
         self.scheduler = scheduler
         self.optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
         self.step_with_optimizer = step_with_optimizer

@@ -11,7 +11,8 @@ import contextlib
 import dataclasses
 import functools
 import os
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -212,7 +213,9 @@ def split_inputs(inputs: Any, num_processes: int, process_index: int, apply_padd
     if isinstance(inputs, dict):
         lengths = {key: len(value) for key, value in inputs.items()}
         if len(set(lengths.values())) > 1:
-            raise ValueError(f"split_between_processes needs every value of the dict to have the same length, got {lengths}")
+            raise ValueError(
+                f"split_between_processes needs every value of the dict to have the same length, got {lengths}"
+            )
         return {key: split_inputs(value, num_processes, process_index, apply_padding) for key, value in inputs.items()}
     if not isinstance(inputs, (list, tuple, torch.Tensor)):
         raise TypeError(
@@ -247,7 +250,9 @@ class AcceleratorState:
 
     _shared_state: dict[str, Any] = {}
 
-    def __init__(self, mixed_precision: str | None = None, cpu: bool = False, _from_accelerator: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, mixed_precision: str | None = None, cpu: bool = False, _from_accelerator: bool = False, **kwargs: Any
+    ) -> None:
         self.__dict__ = self._shared_state
         partial = PartialState(cpu, **kwargs)
         requested = _check_precision(mixed_precision) if mixed_precision is not None else None

@@ -65,8 +65,13 @@ def timed(fn, data) -> float:
 
 def rank_main(rank: int, world: int, port: int, results) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCEL_BACKEND="cpu",
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        ACCEL_BACKEND="cpu",
     )
     from accel.state import PartialState
     from accel.utils import gather, pad_across_processes
@@ -96,9 +101,13 @@ def main() -> None:
     with mp.Manager() as manager:
         results = manager.dict()
         mp.spawn(rank_main, args=(world, free_port(), results), nprocs=world)
-        print(f"{world} Gloo ranks, 16 float32 + 4 int64 tensors per structure, median of {ROUNDS} rounds x {CALLS} calls")
+        print(
+            f"{world} Gloo ranks, 16 float32 + 4 int64 tensors per structure, median of {ROUNDS} rounds x {CALLS} calls"
+        )
         for name, (ours, raw) in results.items():
-            print(f"{name:>7}: accel {ours * 1e6:8.1f} us   raw per-tensor {raw * 1e6:8.1f} us   ratio {ours / raw:.2f}")
+            print(
+                f"{name:>7}: accel {ours * 1e6:8.1f} us   raw per-tensor {raw * 1e6:8.1f} us   ratio {ours / raw:.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-SUITE = '''
+SUITE = """
 from harness import distributed_test
 
 
@@ -36,16 +36,16 @@ def _one_all_reduce(world_size):
     assert value.item() == world_size
 
 {tests}
-'''
+"""
 
-TEST = '''
+TEST = """
 @distributed_test(world_size=4{isolated})
 def test_{name}_{index:03d}(world_size):
     _one_all_reduce(world_size)
-'''
+"""
 
 #: records each test's wall time (setup + call + teardown + report) into a JSON file
-TIMING_PLUGIN = '''
+TIMING_PLUGIN = """
 import json, os, time
 import pytest
 
@@ -64,7 +64,7 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_sessionfinish(session):
     with open(os.environ["BENCH_TIMES"], "w") as handle:
         json.dump(_times, handle)
-'''
+"""
 
 
 def write_suite(directory: str, count: int) -> str:
@@ -84,7 +84,18 @@ def write_suite(directory: str, count: int) -> str:
 def run_session(directory: str) -> tuple[float, list[tuple[str, float]]]:
     times_file = os.path.join(directory, "times.json")
     env = {**os.environ, "BENCH_TIMES": times_file}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:randomly"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:hypothesispytest",
+        "-p",
+        "no:randomly",
+    ]
     start = time.perf_counter()
     result = subprocess.run(command + [directory], cwd=directory, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -146,8 +157,12 @@ def main() -> None:
     print(f"  warm ranks (pytest harness)          {statistics.median(warm_medians) * 1e3:8.1f} ms")
     print(f"  fresh ranks per test (isolated=True) {statistics.median(isolated_medians) * 1e3:8.1f} ms")
     print(f"  fresh / warm, median of pairs        {statistics.median(ratios):8.1f} x")
-    print(f"  first test of a session (cold)       {statistics.median(cold):8.2f} s  (fork server, torch import, first pool)")
-    print(f"  whole session ({1 + 2 * args.tests} tests)             {statistics.median(session_walls):8.2f} s  (includes pytest start)")
+    print(
+        f"  first test of a session (cold)       {statistics.median(cold):8.2f} s  (fork server, torch import, first pool)"
+    )
+    print(
+        f"  whole session ({1 + 2 * args.tests} tests)             {statistics.median(session_walls):8.2f} s  (includes pytest start)"
+    )
     print(f"  accel.sim.launch alone, warm         {launch_ms:8.1f} ms")
 
 

@@ -17,16 +17,13 @@ SNIPPETS = {
     "accel": "import accel; from accel import Accelerator",
     "accelerate": "import accelerate; from accelerate import Accelerator",
 }
-PROGRAM = (
-    "import time, torch\n"
-    "t = time.perf_counter()\n"
-    "{snippet}\n"
-    "print((time.perf_counter() - t) * 1000)\n"
-)
+PROGRAM = "import time, torch\nt = time.perf_counter()\n{snippet}\nprint((time.perf_counter() - t) * 1000)\n"
 
 
 def sample(snippet: str) -> float:
-    out = subprocess.run([sys.executable, "-c", PROGRAM.format(snippet=snippet)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROGRAM.format(snippet=snippet)], capture_output=True, text=True, check=True
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 

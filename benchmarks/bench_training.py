@@ -24,7 +24,11 @@ FEATURES, HIDDEN, BATCH = 32, 64, 16
 def _make_model(torch):
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
+        torch.nn.Linear(FEATURES, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, 1),
     )
 
 
@@ -104,10 +108,14 @@ def main() -> None:
     ratios = [acc / raw for raw, acc in results]
     raw_ms = statistics.median(raw for raw, _ in results) / args.steps * 1e3
     acc_ms = statistics.median(acc for _, acc in results) / args.steps * 1e3
-    print(f"training step, MLP {FEATURES}-{HIDDEN}-{HIDDEN}-1, batch {BATCH}/rank, 2 ranks (Gloo), {args.rounds} rounds x {args.steps} steps")
+    print(
+        f"training step, MLP {FEATURES}-{HIDDEN}-{HIDDEN}-1, batch {BATCH}/rank, 2 ranks (Gloo), {args.rounds} rounds x {args.steps} steps"
+    )
     print(f"  hand-written DDP : {raw_ms:.3f} ms/step (median)")
     print(f"  accel            : {acc_ms:.3f} ms/step (median)")
-    print(f"  ratio accel / DDP: median {statistics.median(ratios):.3f}  (min {min(ratios):.3f}, max {max(ratios):.3f})")
+    print(
+        f"  ratio accel / DDP: median {statistics.median(ratios):.3f}  (min {min(ratios):.3f}, max {max(ratios):.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    accelerator = Accelerator(mixed_precision=args.mixed_precision, gradient_accumulation_steps=args.gradient_accumulation_steps)
+    accelerator = Accelerator(
+        mixed_precision=args.mixed_precision, gradient_accumulation_steps=args.gradient_accumulation_steps
+    )
     accelerator.print(f"== accel: {accelerator.num_processes} process(es) on {accelerator.distributed_type}")
     accelerator.print(accelerator.state, end="")
     accelerator.print(f"Gradient accumulation steps: {accelerator.gradient_accumulation_steps}\n")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -39,7 +40,9 @@ def _as_tuple(value: Any, name: str, kind: type) -> tuple[Any, ...]:
     values = tuple(value) if isinstance(value, (list, tuple)) else (value,)
     if not values or not all(isinstance(v, kind) and not isinstance(v, bool) for v in values):
         article = "an" if kind is int else "a"
-        raise TypeError(f"@distributed_test({name}=...) takes {article} {kind.__name__} or a list of them, got {value!r}")
+        raise TypeError(
+            f"@distributed_test({name}=...) takes {article} {kind.__name__} or a list of them, got {value!r}"
+        )
     return values
 
 
@@ -69,7 +72,9 @@ def distributed_test(
         if not inspect.isfunction(body):
             raise TypeError(f"@distributed_test decorates a test function, got {body!r}")
         if inspect.iscoroutinefunction(body) or inspect.isgeneratorfunction(body):
-            raise TypeError(f"@distributed_test cannot run {body.__qualname__}: async and generator tests are not supported")
+            raise TypeError(
+                f"@distributed_test cannot run {body.__qualname__}: async and generator tests are not supported"
+            )
         signature = inspect.signature(body)
         variadic = [p.name for p in signature.parameters.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         if variadic:
@@ -86,7 +91,11 @@ def distributed_test(
         # The stand-in must not look like a hypothesis test to pytest's hypothesis plugin:
         # @given runs inside the ranks (on `body`), and the plugin's checks of the
         # stand-in (function-scoped fixtures such as `rank`) do not apply to it.
-        for name in [key for key in vars(distributed) if key in ("hypothesis", "is_hypothesis_test") or key.startswith("_hypothesis")]:
+        for name in [
+            key
+            for key in vars(distributed)
+            if key in ("hypothesis", "is_hypothesis_test") or key.startswith("_hypothesis")
+        ]:
             delattr(distributed, name)
 
         extra = [
@@ -103,7 +112,9 @@ def distributed_test(
             timeout=float(timeout),
             isolated=bool(isolated),
         )
-        marked: Any = pytest.mark.distributed(world_size=world_size, device=device, timeout=timeout, isolated=isolated)(distributed)
+        marked: Any = pytest.mark.distributed(world_size=world_size, device=device, timeout=timeout, isolated=isolated)(
+            distributed
+        )
         if len(world_sizes) > 1:
             marked = pytest.mark.parametrize("world_size", world_sizes)(marked)
         if len(devices) > 1:

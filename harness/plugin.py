@@ -38,7 +38,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "distributed(world_size, device, timeout, isolated): body runs on simulated ranks (set by @distributed_test)")
+    config.addinivalue_line(
+        "markers",
+        "distributed(world_size, device, timeout, isolated): body runs on simulated ranks (set by @distributed_test)",
+    )
     config.addinivalue_line("markers", "gpu: needs a real CUDA GPU (skipped without one)")
     config.addinivalue_line("markers", "multi_gpu: needs at least two real CUDA GPUs (skipped otherwise)")
     config.addinivalue_line("markers", "tpu: needs a real TPU through torch_xla (skipped without one)")
@@ -152,7 +155,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
 def _require_distributed(request: pytest.FixtureRequest, name: str) -> DistributedSpec:
     spec = _spec(request.node)
     if spec is None:
-        pytest.fail(f"the {name!r} fixture only exists in @distributed_test tests (harness.distributed_test)", pytrace=False)
+        pytest.fail(
+            f"the {name!r} fixture only exists in @distributed_test tests (harness.distributed_test)", pytrace=False
+        )
     return spec
 
 

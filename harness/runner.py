@@ -58,7 +58,9 @@ def run_item(item: pytest.Function, spec: DistributedSpec, manager: PoolManager,
         qualname=qualname,
         kwargs=serialize.dumps(shared_kwargs(item, spec)),
         rank_params=tuple(name for name in spec.params if name in RANK_FIXTURES),
-        hypothesis_seed=random.SystemRandom().getrandbits(64) if getattr(spec.body, "is_hypothesis_test", False) else None,
+        hypothesis_seed=random.SystemRandom().getrandbits(64)
+        if getattr(spec.body, "is_hypothesis_test", False)
+        else None,
     )
     payload = serialize.dumps_call(remote.run_test, (call,), {})
     try:
@@ -70,7 +72,7 @@ def run_item(item: pytest.Function, spec: DistributedSpec, manager: PoolManager,
 
 
 def _pytest_outcome(outcome: RankOutcome) -> str | None:
-    """"skip" or "xfail" when the rank called pytest.skip / pytest.xfail."""
+    """ "skip" or "xfail" when the rank called pytest.skip / pytest.xfail."""
     if outcome.status != "exception":
         return None
     failure = outcome.failure

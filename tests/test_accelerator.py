@@ -188,7 +188,9 @@ def _prepared_with_scheduler(acc, scheduler_factory):
 
 def test_scheduler_steps_only_when_the_optimizer_steps_and_adjusts_for_accumulation():
     acc = Accelerator(gradient_accumulation_steps=2)
-    model, opt, sched = _prepared_with_scheduler(acc, lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (s + 1)))
+    model, opt, sched = _prepared_with_scheduler(
+        acc, lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (s + 1))
+    )
     x, y = make_data(8)
     lrs = []
     for i in range(4):
@@ -205,7 +207,9 @@ def test_scheduler_steps_only_when_the_optimizer_steps_and_adjusts_for_accumulat
 def test_scheduler_without_adjustment_advances_once_per_optimizer_step():
     plugin = GradientAccumulationPlugin(num_steps=2, adjust_scheduler=False)
     acc = Accelerator(gradient_accumulation_plugin=plugin)
-    model, opt, sched = _prepared_with_scheduler(acc, lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (s + 1)))
+    model, opt, sched = _prepared_with_scheduler(
+        acc, lambda o: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (s + 1))
+    )
     for _ in range(4):
         with acc.accumulate(model):
             acc.backward(model(torch.randn(2, 4)).sum())
@@ -214,7 +218,9 @@ def test_scheduler_without_adjustment_advances_once_per_optimizer_step():
     assert sched.get_last_lr()[0] == pytest.approx(1 / 3)
 
 
-@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # no optimizer step here, on purpose
+@pytest.mark.filterwarnings(
+    "ignore:Detected call of `lr_scheduler.step\\(\\)` before"
+)  # no optimizer step here, on purpose
 def test_scheduler_not_following_optimizer_steps_every_call():
     acc = Accelerator(gradient_accumulation_steps=4, step_scheduler_with_optimizer=False)
     _, _, sched = _prepared_with_scheduler(acc, lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
@@ -226,7 +232,9 @@ def test_scheduler_not_following_optimizer_steps_every_call():
 
 def test_one_cycle_schedule_stops_at_its_end_instead_of_raising():
     acc = Accelerator()
-    model, opt, sched = _prepared_with_scheduler(acc, lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1.0, total_steps=3))
+    model, opt, sched = _prepared_with_scheduler(
+        acc, lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1.0, total_steps=3)
+    )
     sched._processes_factor = 4  # as on 4 processes: each step advances 4 times
     acc.backward(model(torch.randn(2, 4)).sum())
     opt.step()
@@ -312,7 +320,11 @@ def test_fp8_without_an_engine_names_what_to_install(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("transformer_engine", "torchao") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in ("transformer_engine", "torchao") else real(name, *a),
+    )
     with pytest.raises(ImportError, match="transformer_engine.*torchao"):
         Accelerator(mixed_precision="fp8")
 
@@ -410,7 +422,9 @@ def _train_steps(acc, model, opt, sched, n):
 
 def test_save_and_load_state_resume_identically(tmp_path):
     def fresh():
-        acc = Accelerator(mixed_precision="fp16", gradient_accumulation_steps=2, kwargs_handlers=[AutocastKwargs(enabled=False)])
+        acc = Accelerator(
+            mixed_precision="fp16", gradient_accumulation_steps=2, kwargs_handlers=[AutocastKwargs(enabled=False)]
+        )
         counter = Counter()
         acc.register_for_checkpointing(counter)
         return (acc, counter, *_training_setup(acc))
@@ -433,7 +447,12 @@ def test_save_and_load_state_resume_identically(tmp_path):
         assert torch.equal(p, e)
     assert random.random() == expected_python
     assert sorted(os.listdir(tmp_path / "ckpt")) == [
-        "custom_checkpoint_0.pkl", "model.bin", "optimizer.bin", "random_states_0.pkl", "scaler.pt", "scheduler.bin"
+        "custom_checkpoint_0.pkl",
+        "model.bin",
+        "optimizer.bin",
+        "random_states_0.pkl",
+        "scaler.pt",
+        "scheduler.bin",
     ]
 
 
@@ -536,12 +555,10 @@ def test_join_helpers_say_what_is_missing():
     from accel.joining import join_ddp_models, join_optimizer_steps
     from accel.state import active_backend
 
-    with pytest.raises(ValueError, match="prepare an optimizer"):
-        with join_optimizer_steps([], active_backend()):
-            pass
-    with pytest.raises(ValueError, match="DistributedDataParallel model"):
-        with join_ddp_models([make_model()]):
-            pass
+    with pytest.raises(ValueError, match="prepare an optimizer"), join_optimizer_steps([], active_backend()):
+        pass
+    with pytest.raises(ValueError, match="DistributedDataParallel model"), join_ddp_models([make_model()]):
+        pass
 
 
 def test_fp8_engine_choice_is_checked():

@@ -35,23 +35,65 @@ def test_script_arguments_are_left_to_the_script():
 
 
 def test_single_machine_uses_a_standalone_torchrun():
-    assert launch.torchrun_args(parse("--num_processes", "3", "t.py", "a")) == ["--nproc_per_node=3", "--standalone", "t.py", "a"]
+    assert launch.torchrun_args(parse("--num_processes", "3", "t.py", "a")) == [
+        "--nproc_per_node=3",
+        "--standalone",
+        "t.py",
+        "a",
+    ]
     argv = launch.torchrun_args(parse("--num_processes", "2", "--main_process_port", "1234", "t.py"))
-    assert argv == ["--nproc_per_node=2", "--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1", "--master_port=1234", "t.py"]
+    assert argv == [
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        "--node_rank=0",
+        "--master_addr=127.0.0.1",
+        "--master_port=1234",
+        "t.py",
+    ]
 
 
 def test_multi_machine_options_map_to_torchrun():
-    args = parse("--num_processes", "8", "--num_machines", "2", "--machine_rank", "1",
-                 "--main_process_ip", "10.0.0.1", "--main_process_port", "29501", "t.py", "--lr", "1")
+    args = parse(
+        "--num_processes",
+        "8",
+        "--num_machines",
+        "2",
+        "--machine_rank",
+        "1",
+        "--main_process_ip",
+        "10.0.0.1",
+        "--main_process_port",
+        "29501",
+        "t.py",
+        "--lr",
+        "1",
+    )
     assert launch.torchrun_args(args) == [
-        "--nproc_per_node=8", "--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=29501",
-        "t.py", "--lr", "1",
+        "--nproc_per_node=8",
+        "--nnodes=2",
+        "--node_rank=1",
+        "--master_addr=10.0.0.1",
+        "--master_port=29501",
+        "t.py",
+        "--lr",
+        "1",
     ]
     with pytest.raises(ValueError, match="main_process_ip"):
         launch.torchrun_args(parse("--num_machines", "2", "t.py"))
     with pytest.raises(ValueError, match="machine_rank"):
-        launch.torchrun_args(parse("--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "h",
-                                   "--main_process_port", "1", "t.py"))
+        launch.torchrun_args(
+            parse(
+                "--num_machines",
+                "2",
+                "--machine_rank",
+                "2",
+                "--main_process_ip",
+                "h",
+                "--main_process_port",
+                "1",
+                "t.py",
+            )
+        )
 
 
 def test_accel_options_travel_as_environment_variables():
@@ -75,12 +117,14 @@ def test_run_script_runs_main_with_its_argv(tmp_path, monkeypatch):
     (tmp_path / "helper.py").write_text("VALUE = 'from the script directory'\n")
     out = tmp_path / "out.txt"
     script = tmp_path / "s.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, sys, helper
         if __name__ == "__main__":
             open({str(out)!r}, "w").write(" ".join(sys.argv[1:]) + "|" + helper.VALUE + "|" + os.environ["ACCEL_X"])
             sys.exit(int(sys.argv[1]))
-    """))
+    """)
+    )
     monkeypatch.delenv("ACCEL_X", raising=False)
     argv, path = sys.argv[:], sys.path[:]
     launch.run_script(str(script), ["0", "b"], {"ACCEL_X": "y"})
@@ -93,8 +137,12 @@ def test_run_script_runs_main_with_its_argv(tmp_path, monkeypatch):
 
 def test_failures_are_reported_once_per_rank_with_a_prefix():
     failures = {  # in the launcher's order: the likely cause first
-        2: SimpleNamespace(kind="exception", traceback="Traceback (most recent call last):\n  boom\nValueError: x\n",
-                           exc_type="ValueError", message="x"),
+        2: SimpleNamespace(
+            kind="exception",
+            traceback="Traceback (most recent call last):\n  boom\nValueError: x\n",
+            exc_type="ValueError",
+            message="x",
+        ),
         0: SimpleNamespace(kind="signal", signal_name="SIGKILL"),
         1: SimpleNamespace(kind="exit", exitcode=3),
         3: SimpleNamespace(kind="timeout", stack="  File 'a.py', line 1, in wait"),
@@ -117,7 +165,9 @@ def test_env_command_reports_versions_and_backends(capsys):
 
 
 def _run(*argv, timeout=120):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_"))
+    }
     return subprocess.run([ACCEL, *argv], capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -154,7 +204,9 @@ def test_launch_without_simulate_runs_torchrun(script):
 
 def test_simulated_launch_runs_the_script_on_every_rank(script, capsys):
     # In this process (the ranks are still fresh ones), to spare a torch import.
-    code = cli.main(["launch", "--simulate", "xla", "--num_processes", "2", "--mixed_precision", "bf16", script, "--exit0", "b"])
+    code = cli.main(
+        ["launch", "--simulate", "xla", "--num_processes", "2", "--mixed_precision", "bf16", script, "--exit0", "b"]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     for rank in range(2):
@@ -171,4 +223,3 @@ def test_simulated_launch_reports_the_failing_rank_once(script, capsys):
     assert f'[rank 1]   File "{script}", line' in err
     assert "runpy" not in err
     assert "accel launch: 1 of 3 ranks failed (rank 1)" in err
-

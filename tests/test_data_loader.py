@@ -270,7 +270,9 @@ def test_bad_process_layout_is_rejected():
 
 
 def test_dispatcher_rejects_batches_that_are_not_tensors():
-    loader = prepare_data_loader(DataLoader(Stream(4, tensors=False), batch_size=2, collate_fn=lambda items: {"text": ["a"] * len(items)}))
+    loader = prepare_data_loader(
+        DataLoader(Stream(4, tensors=False), batch_size=2, collate_fn=lambda items: {"text": ["a"] * len(items)})
+    )
     assert isinstance(loader, DataLoaderDispatcher)
     with pytest.raises(TypeError, match=r"batch\['text'\] is a list|batch\['text'\]\[0\] is a str"):
         list(loader)
@@ -295,8 +297,18 @@ def test_nested_loops_follow_the_innermost_loader():
             trace.append(("eval", state.active_dataloader is evaluation, state.end_of_dataloader))
         trace.append(("train again", state.active_dataloader is train, state.end_of_dataloader))
     assert state.active_dataloader is None and not state.in_dataloader
-    assert trace[:4] == [("train", True, False), ("eval", True, False), ("eval", True, True), ("train again", True, False)]
-    assert trace[4:] == [("train", True, True), ("eval", True, False), ("eval", True, True), ("train again", True, True)]
+    assert trace[:4] == [
+        ("train", True, False),
+        ("eval", True, False),
+        ("eval", True, True),
+        ("train again", True, False),
+    ]
+    assert trace[4:] == [
+        ("train", True, True),
+        ("eval", True, False),
+        ("eval", True, True),
+        ("train again", True, True),
+    ]
 
 
 def test_breaking_out_of_a_loop_unregisters_the_loader():
@@ -307,7 +319,10 @@ def test_breaking_out_of_a_loop_unregisters_the_loader():
 
 
 def test_remainder_is_unknown_until_the_last_batch():
-    loaders = [prepare_data_loader(DataLoader(list(range(5)), batch_size=2), num_processes=2, process_index=r) for r in range(2)]
+    loaders = [
+        prepare_data_loader(DataLoader(list(range(5)), batch_size=2), num_processes=2, process_index=r)
+        for r in range(2)
+    ]
     seen = [[(loader.end_of_dataloader, loader.remainder) for _ in loader] for loader in loaders]
     assert seen == [[(False, -1), (True, 3)]] * 2
 
@@ -320,7 +335,9 @@ def test_total_batch_size_and_dataset_length():
     assert prepare_data_loader(source, num_processes=2, process_index=0).total_batch_size == 8
     split = prepare_data_loader(source, num_processes=2, process_index=0, split_batches=True)
     assert split.total_batch_size == 4 and split.total_dataset_length == 10
-    stream = prepare_data_loader(DataLoader(Stream(10), batch_size=4), num_processes=2, process_index=1, dispatch_batches=False)
+    stream = prepare_data_loader(
+        DataLoader(Stream(10), batch_size=4), num_processes=2, process_index=1, dispatch_batches=False
+    )
     assert stream.total_batch_size == 8 and stream.total_dataset_length == 10
     assert isinstance(stream.dataset, IterableDatasetShard)
 
@@ -345,11 +362,15 @@ class EpochStream(Stream):
 
 def test_set_epoch_reaches_samplers_and_datasets():
     sampler = EpochSampler(range(8))
-    loader = prepare_data_loader(DataLoader(list(range(8)), batch_size=2, sampler=sampler), num_processes=2, process_index=0)
+    loader = prepare_data_loader(
+        DataLoader(list(range(8)), batch_size=2, sampler=sampler), num_processes=2, process_index=0
+    )
     loader.set_epoch(3)
     assert sampler.epochs == [3] and loader.iteration == 3
     stream = EpochStream(8)
-    shard = prepare_data_loader(DataLoader(stream, batch_size=2), num_processes=2, process_index=0, dispatch_batches=False)
+    shard = prepare_data_loader(
+        DataLoader(stream, batch_size=2), num_processes=2, process_index=0, dispatch_batches=False
+    )
     shard.set_epoch(5)
     assert stream.epochs == [5] and shard.dataset.epoch == 5
 
@@ -423,7 +444,9 @@ def test_skip_first_batches_of_shards():
     assert isinstance(skipped, DataLoaderShard)
     assert [values(b) for b in skipped] == [values(b) for b in shard][2:]
     assert len(skipped) == len(shard) - 2 and skipped.total_batch_size == shard.total_batch_size
-    stream = prepare_data_loader(DataLoader(Stream(20), batch_size=2), num_processes=2, process_index=0, dispatch_batches=False)
+    stream = prepare_data_loader(
+        DataLoader(Stream(20), batch_size=2), num_processes=2, process_index=0, dispatch_batches=False
+    )
     skipped_stream = skip_first_batches(stream, 3)
     assert isinstance(skipped_stream, DataLoaderShard)
     assert [values(b) for b in skipped_stream] == [values(b) for b in stream][3:]
@@ -456,13 +479,22 @@ def test_skipped_batches_are_not_loaded():
 def test_state_dict_resumes_on_the_next_batch(kind):
     torch.manual_seed(0)
     if kind == "stream":
-        make = lambda: prepare_data_loader(DataLoader(Stream(20), batch_size=2), num_processes=2, process_index=1, dispatch_batches=False)  # noqa: E731
+        make = lambda: prepare_data_loader(
+            DataLoader(Stream(20), batch_size=2), num_processes=2, process_index=1, dispatch_batches=False
+        )  # noqa: E731
     elif kind == "dispatcher":
         make = lambda: prepare_data_loader(DataLoader(Stream(20), batch_size=2))  # noqa: E731
     else:
         source = DataLoader(list(range(20)), batch_size=2, shuffle=True)
         seedable = kind == "seedable"
-        make = lambda: prepare_data_loader(source, num_processes=2, process_index=0, rng_types=["generator"], use_seedable_sampler=seedable, data_seed=5)  # noqa: E731
+        make = lambda: prepare_data_loader(
+            source,
+            num_processes=2,
+            process_index=0,
+            rng_types=["generator"],
+            use_seedable_sampler=seedable,
+            data_seed=5,
+        )  # noqa: E731
     loader = make()
     list(loader)  # a whole first epoch, so that the resumed one is not the first
     iterator = iter(loader)
@@ -560,7 +592,13 @@ class SeededStream(IterableDataset):
 
 def test_iterable_dataset_generator_is_the_synchronised_one_and_resumes():
     stream = SeededStream(12)
-    make = lambda: prepare_data_loader(DataLoader(stream, batch_size=2), num_processes=2, process_index=0, rng_types=["generator"], dispatch_batches=False)  # noqa: E731
+    make = lambda: prepare_data_loader(
+        DataLoader(stream, batch_size=2),
+        num_processes=2,
+        process_index=0,
+        rng_types=["generator"],
+        dispatch_batches=False,
+    )  # noqa: E731
     loader = make()
     assert loader.synchronized_generator is stream.generator
     iterator = iter(loader)
@@ -594,7 +632,12 @@ def test_unbatched_map_style_loader_cannot_be_sharded():
     source = DataLoader(list(range(4)), batch_size=None)
     with pytest.raises(ValueError, match="batch_size=None across 2 processes"):
         prepare_data_loader(source, num_processes=2, process_index=0)
-    assert [values(torch.as_tensor(b)) for b in prepare_data_loader(source, num_processes=1, process_index=0)] == [0, 1, 2, 3]
+    assert [values(torch.as_tensor(b)) for b in prepare_data_loader(source, num_processes=1, process_index=0)] == [
+        0,
+        1,
+        2,
+        3,
+    ]
 
 
 @PROPERTY

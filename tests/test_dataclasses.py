@@ -23,7 +23,10 @@ from accel.utils.dataclasses import (
 def test_to_kwargs_returns_only_changed_fields():
     assert AutocastKwargs().to_kwargs() == {}
     assert AutocastKwargs(cache_enabled=False).to_kwargs() == {"cache_enabled": False}
-    assert GradScalerKwargs(init_scale=1024.0, growth_interval=10).to_kwargs() == {"init_scale": 1024.0, "growth_interval": 10}
+    assert GradScalerKwargs(init_scale=1024.0, growth_interval=10).to_kwargs() == {
+        "init_scale": 1024.0,
+        "growth_interval": 10,
+    }
     timeout = datetime.timedelta(seconds=30)
     assert InitProcessGroupKwargs(timeout=timeout).to_kwargs() == {"timeout": timeout}
 
@@ -53,7 +56,9 @@ def test_register_comm_hook_calls_ddp_with_the_chosen_hook():
     model = FakeDDP()
     DistributedDataParallelKwargs(comm_hook="bf16").register_comm_hook(model)
     assert model.hook is default_hooks.bf16_compress_hook and model.state is None
-    DistributedDataParallelKwargs(comm_hook="power_sgd", comm_state_option={"matrix_approximation_rank": 2}).register_comm_hook(model)
+    DistributedDataParallelKwargs(
+        comm_hook="power_sgd", comm_state_option={"matrix_approximation_rank": 2}
+    ).register_comm_hook(model)
     assert model.hook is powerSGD_hook.powerSGD_hook and model.state.matrix_approximation_rank == 2
     untouched = FakeDDP()
     DistributedDataParallelKwargs().register_comm_hook(untouched)

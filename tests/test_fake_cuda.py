@@ -11,7 +11,6 @@ import torch
 from accel.sim import fake_cuda, launch
 from accel.sim.fake_cuda import DEFAULT_CUDA_SEED, SimulatedDeviceError
 
-
 # -- torch.cuda patched in this process -------------------------------------------------------
 
 

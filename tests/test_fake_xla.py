@@ -37,13 +37,13 @@ def xla_probe(tmp_dir):
     import os
 
     import torch.distributed as dist
-
     import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
     from accel.sim.devices import reset_rank
     from accel.state import PartialState
-    from torch_xla.distributed.parallel_loader import MpDeviceLoader
 
     state = PartialState()
     hw = state.hardware
@@ -57,7 +57,13 @@ def xla_probe(tmp_dir):
         "state_device": str(state.device),
         "hw_kind": xm.xla_device_hw(xm.xla_device()),
         "ordinals": (rank, xm.get_local_ordinal(), world, xm.is_master_ordinal(), xm.is_master_ordinal(local=False)),
-        "runtime": (xr.global_ordinal(), xr.local_ordinal(), xr.world_size(), xr.local_process_count(), xr.device_type()),
+        "runtime": (
+            xr.global_ordinal(),
+            xr.local_ordinal(),
+            xr.world_size(),
+            xr.local_process_count(),
+            xr.device_type(),
+        ),
     }
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -71,8 +77,7 @@ def xla_probe(tmp_dir):
     seen["gather_out"] = xm.all_gather(mine, output=out) is out and out.tolist() == seen["gather0"]
     value = torch.tensor([rank + 1.0])
     seen["reduce"] = {
-        kind: xm.all_reduce(kind, value).item()
-        for kind in (xm.REDUCE_SUM, xm.REDUCE_MUL, xm.REDUCE_MIN, xm.REDUCE_MAX)
+        kind: xm.all_reduce(kind, value).item() for kind in (xm.REDUCE_SUM, xm.REDUCE_MUL, xm.REDUCE_MIN, xm.REDUCE_MAX)
     }
     seen["reduce_bits"] = (
         xm.all_reduce(xm.REDUCE_AND, torch.tensor([3 | (1 << (rank + 2))])).item(),
@@ -217,8 +222,8 @@ def lone_replica_probe(tmp_dir):
     import os
 
     import torch.distributed as dist
-
     import torch_xla.core.xla_model as xm
+
     from accel.state import PartialState
 
     state = PartialState()
@@ -243,6 +248,12 @@ def lone_replica_probe(tmp_dir):
 def test_a_lone_replica_needs_no_process_group(tmp_path):
     (seen,) = launch(lone_replica_probe, args=(str(tmp_path),), world_size=1, device="xla")
     assert seen == {
-        "type": "XLA", "initialized": False, "reduce": [1.0, 1.5], "gather": [2.0, 3.0],
-        "rendezvous": [b"p"], "mesh": 4, "saved": [2.0, 3.0], "param": [0.5, 0.5],
+        "type": "XLA",
+        "initialized": False,
+        "reduce": [1.0, 1.5],
+        "gather": [2.0, 3.0],
+        "rendezvous": [b"p"],
+        "mesh": 4,
+        "saved": [2.0, 3.0],
+        "param": [0.5, 0.5],
     }

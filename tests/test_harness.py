@@ -190,7 +190,9 @@ def test_lists_parametrize_and_fixtures_reach_every_rank(pytester):
     )
     result = run(pytester, "-v")
     result.assert_outcomes(passed=14)
-    result.stdout.fnmatch_lines(["*test_grid?a-2-cpu? PASSED*", "*test_grid?b-3-xla? PASSED*", "*TestInAClass::test_method PASSED*"])
+    result.stdout.fnmatch_lines(
+        ["*test_grid?a-2-cpu? PASSED*", "*test_grid?b-3-xla? PASSED*", "*TestInAClass::test_method PASSED*"]
+    )
 
 
 @pytest.mark.parametrize("import_mode", ["prepend", "importlib"])
@@ -365,7 +367,9 @@ def test_hardware_markers_are_registered_and_skip_without_hardware(pytester):
     assert "@pytest.mark.gpu" in markers and "@pytest.mark.multi_gpu" in markers and "@pytest.mark.tpu" in markers
     result = run(pytester, "--strict-markers", "--real-devices", "-rs")
     result.assert_outcomes(skipped=4)
-    result.stdout.fnmatch_lines(["*needs a GPU*", "*needs at least 2 GPUs*", "*needs a TPU*", "*--real-devices: needs 64 GPUs*"])
+    result.stdout.fnmatch_lines(
+        ["*needs a GPU*", "*needs at least 2 GPUs*", "*needs a TPU*", "*--real-devices: needs 64 GPUs*"]
+    )
 
 
 def test_distributed_test_rejects_bad_arguments():

@@ -66,7 +66,18 @@ def test_xdist_workers_and_pytest_cov_count_lines_run_in_ranks(pytester):
 
 def test_coverage_run_counts_lines_run_in_ranks(pytester):
     pytester.makepyfile(mylib=MYLIB, test_h_cov=COVERED_TEST)
-    run = pytester.run(sys.executable, "-m", "coverage", "run", "--parallel-mode", "--source=mylib", "-m", "pytest", *NO_HYPOTHESIS, "-q")
+    run = pytester.run(
+        sys.executable,
+        "-m",
+        "coverage",
+        "run",
+        "--parallel-mode",
+        "--source=mylib",
+        "-m",
+        "pytest",
+        *NO_HYPOTHESIS,
+        "-q",
+    )
     assert run.ret == 0, run.stdout.str()
     assert pytester.run(sys.executable, "-m", "coverage", "combine").ret == 0
     report = pytester.run(sys.executable, "-m", "coverage", "report", "-m")

@@ -190,7 +190,13 @@ def test_returns_each_rank_value_with_partial_state_set_up():
     assert [r["index"] for r in results] == [0, 1, 2]
     assert all(r["num"] == 3 and r["type"] == "MULTI_CPU" and r["backend"] == "gloo" for r in results)
     assert all(r["sum"] == 33.0 for r in results)  # a real collective ran
-    assert results[2]["env"] == {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "3", "ACCEL_BACKEND": "cpu"}
+    assert results[2]["env"] == {
+        "RANK": "2",
+        "WORLD_SIZE": "3",
+        "LOCAL_RANK": "2",
+        "LOCAL_WORLD_SIZE": "3",
+        "ACCEL_BACKEND": "cpu",
+    }
     assert len({r["pid"] for r in results}) == 3 and os.getpid() not in {r["pid"] for r in results}
 
 
@@ -222,7 +228,7 @@ def test_launcher_knows_the_simulated_devices():
     devices = pytest.importorskip("accel.sim.devices")
     from accel.sim.launcher import DEVICES
 
-    assert DEVICES == tuple(devices.DEVICES)
+    assert tuple(devices.DEVICES) == DEVICES
 
 
 def test_real_device_path_asks_for_the_real_backend():
@@ -350,7 +356,13 @@ def _alive(pid):
 
 
 def test_failure_text_labels_every_line_with_its_rank():
-    failure = RankFailure(3, "exception", exc_type="pkg.CustomError", message="first line\nsecond", traceback="Traceback (most recent call last):\n  File \"x.py\", line 1, in f\npkg.CustomError: first line\nsecond\n")
+    failure = RankFailure(
+        3,
+        "exception",
+        exc_type="pkg.CustomError",
+        message="first line\nsecond",
+        traceback='Traceback (most recent call last):\n  File "x.py", line 1, in f\npkg.CustomError: first line\nsecond\n',
+    )
     lines = failure.format().splitlines()
     assert lines[0] == "[rank 3] CustomError: first line"
     assert all(line.startswith("[rank 3] ") for line in lines)
@@ -390,7 +402,9 @@ def test_nothing_leaks_from_one_launch_to_the_next():
     }
     for state in after:
         assert state["leak"] is None and state["debug"] is False and state["leaked_attribute"] is False
-        assert state["random"] == fresh["random"] and state["torch"] == fresh["torch"] and state["numpy"] == fresh["numpy"]
+        assert (
+            state["random"] == fresh["random"] and state["torch"] == fresh["torch"] and state["numpy"] == fresh["numpy"]
+        )
         assert state["dtype"] == "torch.float32" and state["cwd"] == os.getcwd() and state["pg"] is True
         assert state["levels"] == (logging.WARNING, logging.NOTSET)
 
@@ -426,8 +440,13 @@ def test_least_recently_used_pools_are_closed_beyond_the_warm_budget():
     manager = new_manager(max_warm_ranks=4)
     payload = serialize.dumps_call(get_pid, (), {})
     try:
-        pids = {size: [serialize.loads(o.value) for o in run_payload(payload, size, "cpu", 30, manager=manager)] for size in (1, 2)}
-        assert [serialize.loads(o.value) for o in run_payload(payload, 1, "cpu", 30, manager=manager)] == pids[1]  # both fit
+        pids = {
+            size: [serialize.loads(o.value) for o in run_payload(payload, size, "cpu", 30, manager=manager)]
+            for size in (1, 2)
+        }
+        assert [serialize.loads(o.value) for o in run_payload(payload, 1, "cpu", 30, manager=manager)] == pids[
+            1
+        ]  # both fit
         run_payload(payload, 3, "cpu", 30, manager=manager)  # 1 + 2 + 3 ranks > 4: the least recent pool goes
         for pid in pids[2]:
             assert not _alive(pid)

@@ -10,7 +10,6 @@ from accel.state import AcceleratorState, GradientState, PartialState, reset_sta
 from accel.utils.dataclasses import DistributedType
 
 
-
 def test_single_process_defaults():
     state = PartialState()
     assert state.initialized

@@ -23,7 +23,9 @@ def register_backend(cls: type[Backend], name: str | None = None, *, replace: bo
     """Register a backend class under `name` (default: `cls.name`); usable as a decorator."""
     key = name or cls.name
     if key in _REGISTRY and _REGISTRY[key] is not cls and not replace:
-        raise ValueError(f"a backend named {key!r} is already registered ({_REGISTRY[key].__name__}); pass replace=True")
+        raise ValueError(
+            f"a backend named {key!r} is already registered ({_REGISTRY[key].__name__}); pass replace=True"
+        )
     _REGISTRY[key] = cls
     return cls
 

@@ -16,7 +16,9 @@ _COMMANDS = (launch, env)
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `accel` command."""
-    parser = argparse.ArgumentParser(prog="accel", description="Run PyTorch training scripts on any hardware, or simulate it.")
+    parser = argparse.ArgumentParser(
+        prog="accel", description="Run PyTorch training scripts on any hardware, or simulate it."
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in _COMMANDS:
         command.add_parser(subparsers)

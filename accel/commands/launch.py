@@ -33,14 +33,25 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Run SCRIPT on several processes: through torchrun on real hardware, "
         "or on simulated devices with --simulate.",
     )
-    parser.add_argument("--simulate", choices=SIMULATED_DEVICES, help="run on N simulated devices of this kind on this machine")
-    parser.add_argument("--num_processes", type=int, help="processes per machine (default: GPUs here, or 1; 2 when simulating)")
+    parser.add_argument(
+        "--simulate", choices=SIMULATED_DEVICES, help="run on N simulated devices of this kind on this machine"
+    )
+    parser.add_argument(
+        "--num_processes", type=int, help="processes per machine (default: GPUs here, or 1; 2 when simulating)"
+    )
     parser.add_argument("--num_machines", type=int, default=1, help="machines taking part (real hardware only)")
     parser.add_argument("--machine_rank", type=int, default=0, help="index of this machine, 0 .. num_machines-1")
     parser.add_argument("--main_process_ip", help="address of machine 0 (needed with several machines)")
     parser.add_argument("--main_process_port", type=int, help="free port on machine 0")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_SIMULATE_TIMEOUT, help="seconds a simulated run may take (default: %(default)s)")
-    parser.add_argument("--mixed_precision", choices=("no", "fp16", "bf16", "fp8"), help="mixed precision given to Accelerator()")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_SIMULATE_TIMEOUT,
+        help="seconds a simulated run may take (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mixed_precision", choices=("no", "fp16", "bf16", "fp8"), help="mixed precision given to Accelerator()"
+    )
     parser.add_argument("--cpu", action="store_true", help="use the CPU even where an accelerator is present")
     parser.add_argument("--debug", action="store_true", help="check tensor shapes across ranks before collectives")
     parser.add_argument("script", help="the Python script to run")
@@ -191,7 +202,9 @@ def describe_failure(failure: Any) -> str:
     elif kind == "signal":
         text = f"killed by signal {failure.signal_name}"
     elif kind == "timeout":
-        text = "timed out" + (f"; its stack at that moment:\n{failure.stack}" if failure.stack else " (no stack captured)")
+        text = "timed out" + (
+            f"; its stack at that moment:\n{failure.stack}" if failure.stack else " (no stack captured)"
+        )
     else:
         text = failure.traceback or f"{failure.exc_type}: {failure.message}"
     return text.rstrip("\n")

@@ -10,8 +10,8 @@ are broadcast in the header too, so every process raises instead of waiting fore
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader

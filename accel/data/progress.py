@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from accel.data.iterable import IterableDatasetShard
 from accel.data.samplers import BatchSamplerShard, SkipBatchSampler
-from accel.utils.dataclasses import RNGType
 from accel.state import GradientState
+from accel.utils.dataclasses import RNGType
 
 #: constructor arguments of `DataLoader` that a rebuilt loader takes over unchanged
 LOADER_ARGUMENTS = (

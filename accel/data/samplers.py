@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler
@@ -98,7 +99,9 @@ class PermutationSampler(RandomSampler):
     drawing the order at once (rather than one index at a time) keeps sharding cheap.
     """
 
-    def __init__(self, data_source: Any, generator: torch.Generator, replacement: bool = False, num_samples: int | None = None) -> None:
+    def __init__(
+        self, data_source: Any, generator: torch.Generator, replacement: bool = False, num_samples: int | None = None
+    ) -> None:
         super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
 
     def epoch_indices(self) -> list[int]:

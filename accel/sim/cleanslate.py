@@ -17,7 +17,8 @@ import os
 import random
 import sys
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -96,7 +97,9 @@ class _LoggingSnapshot:
         self.root_level, self.root_handlers = root.level, list(root.handlers)
         self.disabled = logging.root.manager.disable
         self.levels = {
-            name: logger.level for name, logger in logging.root.manager.loggerDict.items() if isinstance(logger, logging.Logger)
+            name: logger.level
+            for name, logger in logging.root.manager.loggerDict.items()
+            if isinstance(logger, logging.Logger)
         }
 
     def restore(self) -> None:

@@ -74,6 +74,8 @@ def _install_fake_xla() -> None:
     importlib.invalidate_caches()
     module = importlib.import_module("torch_xla")
     if not getattr(module, "SIMULATED", False):
-        raise RuntimeError(f"a real torch_xla was already imported in this process ({module.__file__}); cannot simulate XLA")
+        raise RuntimeError(
+            f"a real torch_xla was already imported in this process ({module.__file__}); cannot simulate XLA"
+        )
     # Registers the `xla` process-group backend and the `xla://` init method.
     importlib.import_module("torch_xla.distributed.xla_backend")

@@ -29,7 +29,8 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.cuda
@@ -174,7 +175,7 @@ class _device(contextlib.ContextDecorator):
         self.index = -1 if device is None or device == -1 else _get().index(device)
         self.previous = -1
 
-    def __enter__(self) -> "_device":
+    def __enter__(self) -> _device:
         fake = _get()
         self.previous = fake.current
         if self.index >= 0:

@@ -7,7 +7,8 @@ pool away so that the next one starts from healthy ranks. Failures are raised as
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from accel.sim import manager as managers
 from accel.sim import pool as pools
@@ -67,7 +68,8 @@ def run_payload(
         outcomes = pool.run(payload, timeout)
         in_step = set(in_step_exceptions)
         reusable = not isolated and all(
-            outcome.pg_ok and (outcome.status == "ok" or (outcome.status == "exception" and outcome.failure.exc_type in in_step))
+            outcome.pg_ok
+            and (outcome.status == "ok" or (outcome.status == "exception" and outcome.failure.exc_type in in_step))
             for outcome in outcomes
         )
         return outcomes
@@ -81,9 +83,13 @@ def run_payload(
 _CAUSE_ORDER = {"signal": 0, "exit": 0, "exception": 1, "timeout": 2}
 
 
-def raise_for_failures(outcomes: list[pools.RankOutcome], world_size: int, device: str, timeout: float | None = None) -> None:
+def raise_for_failures(
+    outcomes: list[pools.RankOutcome], world_size: int, device: str, timeout: float | None = None
+) -> None:
     """Raise `DistributedFailure` (or `DistributedTimeout`) if any rank did not return."""
-    failed = sorted((o for o in outcomes if o.status not in ("ok", "stopped")), key=lambda o: (_CAUSE_ORDER[o.status], o.seq))
+    failed = sorted(
+        (o for o in outcomes if o.status not in ("ok", "stopped")), key=lambda o: (_CAUSE_ORDER[o.status], o.seq)
+    )
     failures = {o.rank: o.failure for o in failed}
     stopped = {o.rank: o.failure for o in outcomes if o.status == "stopped"}
     if not failures and not stopped:
@@ -91,7 +97,9 @@ def raise_for_failures(outcomes: list[pools.RankOutcome], world_size: int, devic
     if failures and all(f.kind == "timeout" for f in failures.values()):
         ranks = ", ".join(str(rank) for rank in sorted(failures))
         after = f" after {timeout:g} s" if timeout else ""
-        summary = f"timed out{after}: rank(s) {ranks} of {world_size} still running (device {device!r}); their stacks follow"
+        summary = (
+            f"timed out{after}: rank(s) {ranks} of {world_size} still running (device {device!r}); their stacks follow"
+        )
         raise DistributedTimeout(failures, stopped, world_size, device, summary=summary)
     raise DistributedFailure(failures, stopped, world_size, device)
 

@@ -24,7 +24,8 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from accel.sim import coverage_support, entry, forking, stacks
 from accel.sim.failures import DistributedFailure, RankFailure
@@ -47,7 +48,14 @@ class RankOutcome:
 
     __slots__ = ("rank", "status", "value", "failure", "pg_ok", "seq")
 
-    def __init__(self, rank: int, status: str, value: bytes | None = None, failure: RankFailure | None = None, pg_ok: bool = False) -> None:
+    def __init__(
+        self,
+        rank: int,
+        status: str,
+        value: bytes | None = None,
+        failure: RankFailure | None = None,
+        pg_ok: bool = False,
+    ) -> None:
         self.rank, self.status, self.value, self.failure, self.pg_ok = rank, status, value, failure, pg_ok
         #: order in which the parent learnt the outcome (earlier failures are likelier causes)
         self.seq = 0
@@ -59,7 +67,9 @@ class RankOutcome:
 class RankPool:
     """N rank processes of one (world_size, device), ready to run tasks one at a time."""
 
-    def __init__(self, world_size: int, device: str, real_device: bool = False, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, world_size: int, device: str, real_device: bool = False, env: dict[str, str] | None = None
+    ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         self.world_size = world_size
@@ -93,12 +103,16 @@ class RankPool:
         try:
             for rank in range(self.world_size):
                 parent_end, child_end = ctx.Pipe()
-                proc = ctx.Process(target=entry.rank_main, args=({**config, "rank": rank}, child_end), name=f"accel-sim-rank{rank}")
+                proc = ctx.Process(
+                    target=entry.rank_main, args=({**config, "rank": rank}, child_end), name=f"accel-sim-rank{rank}"
+                )
                 proc.start()
                 child_end.close()
                 self._procs.append(proc)
                 self._conns.append(parent_end)
-            self._outputs = [[self._open_output(rank, "out"), self._open_output(rank, "err")] for rank in range(self.world_size)]
+            self._outputs = [
+                [self._open_output(rank, "out"), self._open_output(rank, "err")] for rank in range(self.world_size)
+            ]
             self._handshake(time.monotonic() + timeout)
         except BaseException:
             self.kill()
@@ -124,9 +138,13 @@ class RankPool:
             if remaining <= 0:
                 waiting = [rank for rank in range(self.world_size) if rank not in ready]
                 dumped = self._dump_stacks(waiting)
-                self._start_failed({rank: RankFailure(rank, "timeout", stack=dumped[rank]) for rank in waiting}, "timeout")
+                self._start_failed(
+                    {rank: RankFailure(rank, "timeout", stack=dumped[rank]) for rank in waiting}, "timeout"
+                )
             conns = [self._conns[rank] for rank in range(self.world_size) if rank not in ready]
-            signalled = multiprocessing.connection.wait(conns + [proc.sentinel for proc in self._procs], timeout=min(remaining, RELAY_INTERVAL))
+            signalled = multiprocessing.connection.wait(
+                conns + [proc.sentinel for proc in self._procs], timeout=min(remaining, RELAY_INTERVAL)
+            )
             self.relay()
             for rank in range(self.world_size):
                 conn = self._conns[rank]
@@ -218,7 +236,9 @@ class RankPool:
             if remaining <= 0:
                 break
             pending = [rank for rank in range(self.world_size) if rank not in outcomes]
-            waitables: list[Any] = [self._conns[rank] for rank in pending] + [self._procs[rank].sentinel for rank in pending]
+            waitables: list[Any] = [self._conns[rank] for rank in pending] + [
+                self._procs[rank].sentinel for rank in pending
+            ]
             ready = multiprocessing.connection.wait(waitables, timeout=min(remaining, RELAY_INTERVAL))
             if not ready:
                 self.relay()
@@ -355,7 +375,12 @@ def _exception_failure(rank: int, report: dict[str, Any]) -> RankFailure:
         except Exception:  # noqa: BLE001  (a class the parent cannot import: the text is kept)
             exception = None
     return RankFailure(
-        rank, "exception", exc_type=report["exc_type"], message=report["message"], traceback=report["traceback"], exception=exception
+        rank,
+        "exception",
+        exc_type=report["exc_type"],
+        message=report["message"],
+        traceback=report["traceback"],
+        exception=exception,
     )
 
 

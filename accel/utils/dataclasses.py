@@ -6,7 +6,8 @@ import copy
 import dataclasses
 import datetime
 import enum
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 
 class _StrEnum(str, enum.Enum):

@@ -28,7 +28,11 @@ def find_fp8_engine(requested: str | None = None) -> str:
     for name in candidates:
         if importlib.util.find_spec(ENGINE_MODULES[name]) is not None:
             return name
-    wanted = f"the requested FP8 engine {ENGINE_MODULES[requested]!r} is not installed" if requested else "no FP8 engine is installed"
+    wanted = (
+        f"the requested FP8 engine {ENGINE_MODULES[requested]!r} is not installed"
+        if requested
+        else "no FP8 engine is installed"
+    )
     raise ImportError(f"mixed_precision='fp8' needs an FP8 engine but {wanted}; {INSTALL_HINT}")
 
 
@@ -64,7 +68,9 @@ def _swap_linears(module: torch.nn.Module, te: Any) -> None:
     """Replace every `nn.Linear` under `module` by TransformerEngine's, keeping the weights."""
     for name, child in module.named_children():
         if isinstance(child, torch.nn.Linear):
-            replacement = te.Linear(child.in_features, child.out_features, bias=child.bias is not None, params_dtype=child.weight.dtype)
+            replacement = te.Linear(
+                child.in_features, child.out_features, bias=child.bias is not None, params_dtype=child.weight.dtype
+            )
             with torch.no_grad():
                 replacement.weight.copy_(child.weight)
                 if child.bias is not None:

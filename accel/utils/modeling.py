@@ -26,7 +26,9 @@ def _is_parallel_wrapper(module: Any) -> bool:
     return isinstance(module, (DistributedDataParallel, DataParallel))
 
 
-def extract_model_from_parallel(model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = False) -> torch.nn.Module:
+def extract_model_from_parallel(
+    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = False
+) -> torch.nn.Module:
     """The user's module inside DDP / DataParallel / `torch.compile` wrappers.
 
     `keep_fp32_wrapper=False` also removes the mixed-precision forward that `prepare()`

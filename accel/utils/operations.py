@@ -12,8 +12,8 @@ of hanging or returning garbage.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -67,7 +67,9 @@ def recursively_apply(
         return _rebuild(
             data,
             [
-                recursively_apply(func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+                recursively_apply(
+                    func, o, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
                 for o in data
             ],
         )
@@ -75,7 +77,9 @@ def recursively_apply(
         return _rebuild(
             data,
             {
-                k: recursively_apply(func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+                k: recursively_apply(
+                    func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
                 for k, v in data.items()
             },
         )
@@ -106,7 +110,9 @@ def _replace_leaves(data: Any, new: list[torch.Tensor]) -> Any:
     return recursively_apply(lambda _t: next(it), data)
 
 
-def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_keys: Sequence[str] | str | None = None) -> Any:
+def send_to_device(
+    tensor: Any, device: Any, non_blocking: bool = False, skip_keys: Sequence[str] | str | None = None
+) -> Any:
     """Move every tensor of a nested structure (or any object with `.to`) to `device`.
 
     Tensors already on `device` are returned as they are, so CPU-to-CPU costs nothing.
@@ -184,7 +190,9 @@ def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
     return torch.cat(list(data), dim=dim)
 
 
-def slice_tensors(data: Any, tensor_slice: slice | int, process_index: int | None = None, num_processes: int | None = None) -> Any:
+def slice_tensors(
+    data: Any, tensor_slice: slice | int, process_index: int | None = None, num_processes: int | None = None
+) -> Any:
     """Index every tensor of a nested structure with `tensor_slice` (non-tensors pass through)."""
     return recursively_apply(lambda t: t[tensor_slice], data)
 
@@ -363,7 +371,9 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     tensors = _leaves(tensor, [])
     if not tensors:
         return tensor
-    sizes = torch.tensor([t.shape[dim] if t.dim() > dim else -1 for t in tensors], dtype=torch.int64, device=state.device)
+    sizes = torch.tensor(
+        [t.shape[dim] if t.dim() > dim else -1 for t in tensors], dtype=torch.int64, device=state.device
+    )
     everyone = state.hardware.all_gather_into(sizes.new_empty(state.num_processes * len(tensors)), sizes)
     largest = everyone.view(state.num_processes, -1).max(dim=0).values.tolist()
     padded = [_pad(t, dim, size, pad_index, pad_first) for t, size in zip(tensors, largest)]

@@ -58,7 +58,9 @@ def test_save_writes_once_and_save_state_writes_every_rank(rank, world_size, tmp
     torch.manual_seed(rank)  # a different RNG on each rank, restored per rank
     folder = acc.save_state(tmp_path / "ckpt")
     expected = torch.rand(3)
-    assert sorted(os.listdir(folder)) == ["model.bin", "optimizer.bin"] + [f"random_states_{r}.pkl" for r in range(world_size)]
+    assert sorted(os.listdir(folder)) == ["model.bin", "optimizer.bin"] + [
+        f"random_states_{r}.pkl" for r in range(world_size)
+    ]
     acc.load_state(folder)
     assert torch.equal(torch.rand(3), expected)
 
@@ -71,7 +73,9 @@ def test_accumulate_skips_ddp_sync_inside_a_window_unless_sync_each_batch(rank):
 
     for sync_each_batch in (False, True):
         reset_state()
-        acc = Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2, sync_each_batch=sync_each_batch))
+        acc = Accelerator(
+            gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2, sync_each_batch=sync_each_batch)
+        )
         model = acc.prepare(_model())
         seen = []
         for _ in range(4):

@@ -47,9 +47,8 @@ def test_main_process_first_orders_the_ranks(rank, world_size, tmp_path):
 
     state = PartialState()
     log = tmp_path / "order.txt"
-    with state.main_process_first():
-        with open(log, "a") as f:
-            f.write(f"{rank}\n")
+    with state.main_process_first(), open(log, "a") as f:
+        f.write(f"{rank}\n")
     state.wait_for_everyone()
     lines = log.read_text().split()
     assert lines[0] == "0" and sorted(lines) == [str(r) for r in range(world_size)]

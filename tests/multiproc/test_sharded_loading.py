@@ -179,7 +179,9 @@ def test_uneven_last_batches_with_even_batches_off(rank, world_size):
     assert all(s == [3, 3] for s in sizes[2:])
     gathered = [gather_for_metrics(b) for b in loader]
     _check_gathered(rank, torch.cat(gathered).tolist(), list(range(length)), "uneven")
-    split = prepare_data_loader(DataLoader(list(range(2 * world_size + 1)), batch_size=2 * world_size), split_batches=True, even_batches=False)
+    split = prepare_data_loader(
+        DataLoader(list(range(2 * world_size + 1)), batch_size=2 * world_size), split_batches=True, even_batches=False
+    )
     shares = gather_object([[_values(b) for b in split]])
     assert shares[0] == [[0, 1], [2 * world_size]] and all(len(s) == 1 for s in shares[1:])
 
@@ -214,6 +216,7 @@ def test_state_dict_resumes_on_the_next_batch(rank, world_size):
     from accel.data_loader import prepare_data_loader
 
     for dispatch, iterable in ((False, False), (True, False), (False, True), (True, True)):
+
         def make():
             data = Stream(12 * world_size) if iterable else list(range(12 * world_size))
             return prepare_data_loader(
@@ -250,4 +253,6 @@ def test_put_on_device_goes_through_the_backend(rank, world_size):
     loader.set_epoch(1)
     assert loader.iteration == 1
     skipped = skip_first_batches(loader, 3)
-    assert type(skipped) is type(loader) and [b.tolist() for b in skipped] == [[6 * world_size + 2 * rank + i for i in range(2)]]
+    assert type(skipped) is type(loader) and [b.tolist() for b in skipped] == [
+        [6 * world_size + 2 * rank + i for i in range(2)]
+    ]

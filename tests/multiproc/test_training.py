@@ -33,7 +33,9 @@ def _reference_training(global_batch, epochs=1):
     for _ in range(epochs):
         for start in range(0, SAMPLES, global_batch):
             opt.zero_grad()
-            torch.nn.functional.mse_loss(model(x[start : start + global_batch]), y[start : start + global_batch]).backward()
+            torch.nn.functional.mse_loss(
+                model(x[start : start + global_batch]), y[start : start + global_batch]
+            ).backward()
             opt.step()
     return model
 
@@ -91,7 +93,9 @@ def test_fp16_overflow_is_skipped_on_every_rank(rank, world_size):
     from accel.utils.dataclasses import AutocastKwargs, GradScalerKwargs
 
     # autocast off: the overflow comes only from the loss this test makes infinite
-    acc = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=64.0), AutocastKwargs(enabled=False)])
+    acc = Accelerator(
+        mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=64.0), AutocastKwargs(enabled=False)]
+    )
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)

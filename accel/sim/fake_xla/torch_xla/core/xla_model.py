@@ -11,7 +11,8 @@ place; `all_gather` concatenates along `dim`; `rendezvous` is also a barrier.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -111,7 +112,9 @@ def all_reduce(reduce_type: str, inputs: Any, scale: float = 1.0, groups: Any = 
     return tensors[0] if single else inputs
 
 
-def all_gather(value: torch.Tensor, dim: int = 0, groups: Any = None, output: torch.Tensor | None = None, pin_layout: bool = True) -> torch.Tensor:
+def all_gather(
+    value: torch.Tensor, dim: int = 0, groups: Any = None, output: torch.Tensor | None = None, pin_layout: bool = True
+) -> torch.Tensor:
     """Concatenate every replica's equal-shaped `value` along `dim`."""
     value = value.contiguous()
     if _distributed(groups):
@@ -126,7 +129,9 @@ def all_gather(value: torch.Tensor, dim: int = 0, groups: Any = None, output: to
     return result
 
 
-def collective_broadcast(tensors: list[torch.Tensor], root_ordinal: int = 0, groups: Any = None, pin_layout: bool = True) -> None:
+def collective_broadcast(
+    tensors: list[torch.Tensor], root_ordinal: int = 0, groups: Any = None, pin_layout: bool = True
+) -> None:
     """Overwrite `tensors` in place on every replica with those of `root_ordinal`."""
     if not _distributed(groups):
         return
@@ -183,7 +188,13 @@ def reduce_gradients(optimizer: torch.optim.Optimizer, groups: Any = None, pin_l
             offset += grad.numel()
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, barrier: bool = False, optimizer_args: dict | None = None, groups: Any = None, pin_layout: bool = True) -> Any:
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    barrier: bool = False,
+    optimizer_args: dict | None = None,
+    groups: Any = None,
+    pin_layout: bool = True,
+) -> Any:
     """Reduce gradients across replicas, then `optimizer.step(**optimizer_args)`."""
     reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
     loss = optimizer.step(**(optimizer_args or {}))

@@ -7,7 +7,8 @@ API (`MpDeviceLoader(loader, device)`, iteration, `len`, the wrapped `_loader`) 
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ class PerDeviceLoader:
         self._iterator: Iterator[Any] | None = None
         self._batches = 0
 
-    def __iter__(self) -> "PerDeviceLoader":
+    def __iter__(self) -> PerDeviceLoader:
         self._iterator = iter(self._loader)
         self._batches = 0
         return self
@@ -79,7 +80,9 @@ class MpDeviceLoader:
         self._parallel_loader_kwargs = kwargs
 
     def __iter__(self) -> PerDeviceLoader:
-        return iter(ParallelLoader(self._loader, [self._device], **self._parallel_loader_kwargs).per_device_loader(self._device))
+        return iter(
+            ParallelLoader(self._loader, [self._device], **self._parallel_loader_kwargs).per_device_loader(self._device)
+        )
 
     def __len__(self) -> int:
         return len(self._loader)

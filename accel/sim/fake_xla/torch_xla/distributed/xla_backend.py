@@ -9,8 +9,9 @@ over CPU tensors.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist

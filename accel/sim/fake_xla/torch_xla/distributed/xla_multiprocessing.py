@@ -7,12 +7,20 @@ A TPU script calls `xmp.spawn(fn, args)` to start one process per core. Under
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch_xla.runtime as xr
 
 
-def spawn(fn: Callable[..., Any], args: tuple = (), nprocs: int | None = None, join: bool = True, daemon: bool = False, start_method: str = "spawn") -> None:
+def spawn(
+    fn: Callable[..., Any],
+    args: tuple = (),
+    nprocs: int | None = None,
+    join: bool = True,
+    daemon: bool = False,
+    start_method: str = "spawn",
+) -> None:
     """Run `fn(local_ordinal, *args)` in this simulated rank."""
     if nprocs not in (None, 1, xr.world_size()):
         raise ValueError(
