@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench cov clean
+.PHONY: install test lint demo bench cov clean
 
 install: $(STAMP)
 
@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml Makefile
 
 test: install
 	$(PY) -m pytest -n 2 -q tests
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 demo: install
 	$(VENV)/bin/accel launch --simulate cuda --num_processes 4 examples/train_regression.py

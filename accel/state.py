@@ -42,6 +42,18 @@ class PartialState:
 
     _shared_state: dict[str, Any] = {}
 
+    # The shared attributes, declared for readers and type checkers; `_setup` sets them.
+    hardware: Backend
+    process_index: int
+    num_processes: int
+    local_process_index: int
+    num_processes_per_node: int
+    device: torch.device
+    distributed_type: DistributedType
+    debug: bool
+    adopted_process_group: bool
+    fork_launched: bool
+
     def __init__(self, cpu: bool = False, debug: bool | None = None, **kwargs: Any) -> None:
         self.__dict__ = self._shared_state
         if not self._shared_state:
@@ -231,9 +243,9 @@ def split_inputs(inputs: Any, num_processes: int, process_index: int, apply_padd
     missing = target - len(share)
     if missing == 0:
         return share
-    if isinstance(inputs, torch.Tensor):
-        filler = (share if len(share) else inputs)[-1:]
-        return torch.cat([share, filler.expand(missing, *filler.shape[1:])])
+    if isinstance(inputs, torch.Tensor) and isinstance(share, torch.Tensor):
+        last = (share if len(share) else inputs)[-1:]
+        return torch.cat([share, last.expand(missing, *last.shape[1:])])
     filler = (share if len(share) else inputs)[-1]
     return type(inputs)(list(share) + [filler] * missing)
 
@@ -249,6 +261,23 @@ class AcceleratorState:
     """
 
     _shared_state: dict[str, Any] = {}
+
+    partial: PartialState
+    _mixed_precision: str
+    initialized: bool
+    # Read through to PartialState (see __getattr__); declared for type checkers.
+    hardware: Backend
+    process_index: int
+    num_processes: int
+    local_process_index: int
+    num_processes_per_node: int
+    device: torch.device
+    distributed_type: DistributedType
+    debug: bool
+    use_distributed: bool
+    is_main_process: bool
+    is_local_main_process: bool
+    is_last_process: bool
 
     def __init__(
         self, mixed_precision: str | None = None, cpu: bool = False, _from_accelerator: bool = False, **kwargs: Any
@@ -299,7 +328,7 @@ def _check_precision(value: str) -> str:
     return value
 
 
-_NO_PLUGIN = {"num_steps": 1, "adjust_scheduler": False, "sync_with_dataloader": True, "sync_each_batch": False}
+_NO_PLUGIN: dict[str, Any] = {"num_steps": 1, "adjust_scheduler": False, "sync_with_dataloader": True, "sync_each_batch": False}
 
 
 class GradientState:
@@ -311,6 +340,11 @@ class GradientState:
     """
 
     _shared_state: dict[str, Any] = {}
+
+    sync_gradients: bool
+    active_dataloader: Any
+    dataloader_references: list[Any]
+    plugin_kwargs: dict[str, Any]
 
     def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
         self.__dict__ = self._shared_state
