@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import torch
 
@@ -47,6 +47,13 @@ _HANDLER_ATTRS = {
     FP8RecipeKwargs: "fp8_recipe_handler",
 }
 _UNSET: Any = object()
+
+
+_T1 = TypeVar("_T1")
+_T2 = TypeVar("_T2")
+_T3 = TypeVar("_T3")
+_T4 = TypeVar("_T4")
+_T5 = TypeVar("_T5")
 
 
 class Accelerator:
@@ -325,6 +332,29 @@ class Accelerator:
 
     # -- prepare -------------------------------------------------------------------------------
 
+    # `prepare` gives back what it was given, in order, so that `model, opt = prepare(model, opt)`
+    # keeps each variable's type for readers and type checkers (the wrappers behave as the
+    # originals: DDP forwards calls, the optimizer and scheduler wrappers delegate).
+    @overload
+    def prepare(self, a: _T1, /, *, device_placement: Sequence[bool | None] | None = None) -> _T1: ...
+    @overload
+    def prepare(
+        self, a: _T1, b: _T2, /, *, device_placement: Sequence[bool | None] | None = None
+    ) -> tuple[_T1, _T2]: ...
+    @overload
+    def prepare(
+        self, a: _T1, b: _T2, c: _T3, /, *, device_placement: Sequence[bool | None] | None = None
+    ) -> tuple[_T1, _T2, _T3]: ...
+    @overload
+    def prepare(
+        self, a: _T1, b: _T2, c: _T3, d: _T4, /, *, device_placement: Sequence[bool | None] | None = None
+    ) -> tuple[_T1, _T2, _T3, _T4]: ...
+    @overload
+    def prepare(
+        self, a: _T1, b: _T2, c: _T3, d: _T4, e: _T5, /, *, device_placement: Sequence[bool | None] | None = None
+    ) -> tuple[_T1, _T2, _T3, _T4, _T5]: ...
+    @overload
+    def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any: ...
     def prepare(self, *args: Any, device_placement: Sequence[bool | None] | None = None) -> Any:
         """Prepare models, optimizers, schedulers and data loaders; return them in the order given.
 
@@ -336,7 +366,10 @@ class Accelerator:
             device_placement = [None] * len(args)
         elif len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects to prepare")
-        result = [self._prepare_one(obj, placement, schedulers=False) for obj, placement in zip(args, device_placement)]
+        result = [
+            self._prepare_one(obj, placement, schedulers=False)
+            for obj, placement in zip(args, device_placement, strict=True)
+        ]
         result = [self._prepare_one(obj, None, schedulers=True) for obj in result]
         return result[0] if len(result) == 1 else tuple(result)
 
