@@ -19,8 +19,10 @@ import runpy
 import sys
 from typing import Any
 
-#: simulated devices (kept equal to `accel.sim.devices.DEVICES`; not imported, to keep `--help` fast)
-SIMULATED_DEVICES = ("cpu", "cuda", "xla")
+from accel.sim.device_names import DEVICES
+
+#: simulated devices (their one definition is torch-free, so `--help` stays fast)
+SIMULATED_DEVICES = DEVICES
 DEFAULT_SIMULATED_PROCESSES = 2
 DEFAULT_SIMULATE_TIMEOUT = 600.0
 

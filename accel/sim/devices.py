@@ -20,8 +20,7 @@ import sys
 from pathlib import Path
 
 from accel.backends import ENV_VAR, register_backend
-
-DEVICES = ("cpu", "cuda", "xla")
+from accel.sim.device_names import DEVICES
 
 #: directory holding the stand-in `torch_xla` package (on `sys.path` in xla ranks only)
 FAKE_XLA_PATH = str(Path(__file__).resolve().parent / "fake_xla")

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from accel.sim import device_names, serialize
 from accel.sim import manager as managers
 from accel.sim import pool as pools
-from accel.sim import serialize
 from accel.sim.failures import DistributedFailure, DistributedTimeout
 
 #: exception types (qualified names) after which the ranks are still in step: a pool
@@ -30,9 +30,8 @@ def default_manager() -> managers.PoolManager:
     return _default_manager
 
 
-#: the simulated devices (`accel.sim.devices.DEVICES`, repeated here because importing
-#: that module imports torch, which the parent process does not need)
-DEVICES = ("cpu", "cuda", "xla")
+#: the simulated devices (one definition, torch-free: `accel.sim.device_names`)
+DEVICES = device_names.DEVICES
 
 
 def known_devices() -> tuple[str, ...]:
