@@ -1,0 +1,174 @@
+"""How tensors get onto a simulated GPU: kernels for the CUDA key, and the few Python entry points.
+
+A factory aimed at a CUDA device (`torch.zeros(..., device="cuda")`, the copy behind
+`.to("cuda")`, the gradient buckets DDP allocates in C++) is dispatched by torch to the
+CUDA key, where a CPU-only build has no kernel. `install()` registers one Python
+kernel there (and on the hidden PrivateUse1 key) that runs the factory on the CPU and
+wraps the result. In Python, `Tensor.to` / `.cuda` resolve a plain `"cuda"` to the
+current simulated GPU, `torch.tensor` / `torch.as_tensor` build on the CPU and then
+wrap (simpler and safer than giving C++ a CUDA device guard), and pinning is a no-op.
+
+Installed once per simulated GPU rank, never elsewhere: the registrations are process-wide.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from accel.sim import cuda_state, torch_internals
+from accel.sim.cuda_tensor import SimCudaTensor, run_on, unwrap
+
+aten = torch.ops.aten
+
+#: factories that never target a GPU, or that torch.tensor / as_tensor replace in Python
+_NOT_FACTORIES = {
+    "_make_dep_token",
+    "_cudnn_init_dropout_state",
+    "from_file",
+    "_empty_affine_quantized",
+    "_sparse_coo_tensor_with_dims",
+    "sparse_coo_tensor",
+    "_sparse_compressed_tensor_with_dims",
+    "Generator",
+    "tensor",
+    "as_tensor",
+}
+_libraries: list[torch.library.Library] = []
+_CUDA_TYPES = ("cuda", cuda_state.HIDDEN_DEVICE)
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, str):
+        return device.startswith(_CUDA_TYPES)
+    return isinstance(device, torch.device) and device.type in _CUDA_TYPES
+
+
+def factory_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run factory `op` aimed at a simulated GPU on the CPU, and wrap what it made."""
+    device = kwargs.get("device")
+    if device is None or not _is_cuda(device):
+        raise NotImplementedError(
+            f"{op} reached the simulated GPU without a CUDA device argument; the simulator has no kernel for it "
+            "(please report this with the code that called it)"
+        )
+    device = cuda_state.gpus().resolve(device)
+    kwargs = dict(kwargs, device=torch.device("cpu"))
+    kwargs.pop("pin_memory", None)
+    out = run_on(device, op, args, kwargs)
+    if isinstance(out, torch.Tensor):
+        return SimCudaTensor(out, device)
+    return type(out)(SimCudaTensor(t, device) for t in out)
+
+
+def _copy_kernel(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    # Reached with the Python key excluded (torch.tensor's copy into a new tensor, C++ internals).
+    unwrap(self).copy_(unwrap(src), non_blocking)
+    return self
+
+
+def _register_kernels() -> None:
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(factory_kernel, "CUDA")
+    fallback.fallback(factory_kernel, "PrivateUse1")
+    # A factory with a composite kernel (arange = empty + arange.out) would otherwise run
+    # that composite for the CUDA key and resize a wrapper's inner tensor behind its
+    # back: each gets a kernel of its own, which runs the whole factory on the CPU.
+    kernels = torch.library.Library("aten", "IMPL")
+    for name in torch_internals.factory_op_names():
+        base, _, overload = name.partition(".")
+        if base in _NOT_FACTORIES:
+            continue
+        op = getattr(getattr(aten, base, None), overload or "default", None)
+        if op is None:
+            continue
+        for key in ("CUDA", "PrivateUse1"):
+            kernels.impl(name, functools.partial(factory_kernel, op), key)
+    kernels.impl("copy_", _copy_kernel, "CUDA")
+    kernels.impl("copy_", _copy_kernel, "PrivateUse1")
+    _libraries.extend([fallback, kernels])
+
+
+# -- Python entry points ---------------------------------------------------------------------------
+
+_originals: dict[str, Any] = {}
+
+
+def _resolve(device: Any) -> Any:
+    if _is_cuda(device) or (isinstance(device, int) and not isinstance(device, bool)):
+        return cuda_state.gpus().resolve(device)
+    return device
+
+
+def tensor_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """`Tensor.to`, with `"cuda"` meaning the current simulated GPU and `self` returned when nothing changes."""
+    if args and (_is_cuda(args[0]) or (isinstance(args[0], int) and not isinstance(args[0], bool))):
+        args = (_resolve(args[0]), *args[1:])
+    if kwargs.get("device") is not None:
+        kwargs["device"] = _resolve(kwargs["device"])
+    if type(self) is SimCudaTensor and not kwargs.get("copy", False):
+        # C++ would compare its hidden device with cuda:k and always copy.
+        device, dtype, _, memory_format = torch_internals.parse_to(*args, **kwargs)
+        same_device = device is None or device == self._cuda
+        same_dtype = dtype is None or dtype == self.dtype
+        same_format = memory_format is None or memory_format == torch.preserve_format
+        if same_device and same_dtype and same_format and (device is not None or dtype is not None):
+            return self
+    return _originals["to"](self, *args, **kwargs)
+
+
+def tensor_cuda(
+    self: torch.Tensor, device: Any = None, non_blocking: bool = False, memory_format: Any = torch.preserve_format
+) -> torch.Tensor:
+    """`Tensor.cuda`: a copy on the given (default: current) simulated GPU, or `self` if already there."""
+    target = cuda_state.gpus().resolve("cuda" if device is None else device)
+    return tensor_to(self, target, non_blocking=non_blocking, memory_format=memory_format)
+
+
+def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+    """No page-locking on a simulated GPU: pinned or not, the data and every result are the same."""
+    return self
+
+
+def is_pinned(self: torch.Tensor, device: Any = None) -> bool:
+    return False
+
+
+def tensor(
+    data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False, pin_memory: bool = False
+) -> torch.Tensor:
+    """`torch.tensor`: on a simulated GPU, built on the CPU and then wrapped."""
+    if isinstance(data, SimCudaTensor) and device is None:
+        device = data.device
+    if device is None or not _is_cuda(device):
+        out = _originals["tensor"](unwrap(data) if isinstance(data, torch.Tensor) else data, dtype=dtype, device=device)
+        return out.requires_grad_(requires_grad) if requires_grad else out
+    target = cuda_state.gpus().resolve(device)
+    inner = _originals["tensor"](unwrap(data) if isinstance(data, torch.Tensor) else data, dtype=dtype)
+    out = SimCudaTensor(inner, target)
+    return out.requires_grad_(requires_grad) if requires_grad else out
+
+
+def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> torch.Tensor:
+    """`torch.as_tensor`: no copy where none is needed, a copy onto a simulated GPU otherwise."""
+    if isinstance(data, torch.Tensor):
+        return tensor_to(data, device=device, dtype=dtype) if (device is not None or dtype is not None) else data
+    if device is None or not _is_cuda(device):
+        return _originals["as_tensor"](data, dtype=dtype, device=device)
+    return SimCudaTensor(_originals["as_tensor"](data, dtype=dtype), cuda_state.gpus().resolve(device))
+
+
+def install() -> None:
+    """Register the kernels and patch the Python entry points (once per process)."""
+    if _originals:
+        return
+    _register_kernels()
+    _originals.update(to=torch.Tensor.to, tensor=torch.tensor, as_tensor=torch.as_tensor)
+    torch.Tensor.to = tensor_to  # type: ignore[method-assign,assignment]  # same signature
+    torch.Tensor.cuda = tensor_cuda  # type: ignore[method-assign,assignment]  # same signature
+    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign,assignment]  # same signature
+    torch.Tensor.is_pinned = is_pinned  # type: ignore[method-assign,assignment]  # same signature
+    torch.tensor = tensor  # type: ignore[assignment]  # same signature
+    torch.as_tensor = as_tensor

@@ -1,0 +1,264 @@
+"""A tensor on a simulated GPU: a CUDA tensor to Python code, a CPU tensor underneath.
+
+`SimCudaTensor` wraps a CPU tensor (its "inner" tensor, which holds the data). Python
+code sees `device(type='cuda', index=k)`, `is_cuda`, and `device='cuda:k'` when
+printed; C++ sees a device of its own (PrivateUse1, named `simcuda`), on which autograd
+runs. Every op on such tensors comes through `__torch_dispatch__`, which applies CUDA's
+device rules (`accel.sim.device_rules`), runs the op on the inner CPU tensors, draws
+random numbers from the simulated GPU's own generator, and wraps the results.
+
+The stable names other modules build on: `is_simulated_cuda(t)`, `unwrap(t)` (the inner
+CPU tensor, sharing storage) and `wrap(cpu_tensor, index)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from accel.sim import cuda_state, device_rules, torch_internals
+
+aten = torch.ops.aten
+
+#: the C++ devices under the simulated GPUs (filled when the GPUs are installed)
+_HIDDEN: list[torch.device] = []
+
+
+def set_device_count(count: int) -> None:
+    """Prepare the hidden C++ devices of `count` simulated GPUs (after the backend is registered)."""
+    _HIDDEN[:] = [torch.device(cuda_state.HIDDEN_DEVICE, i) for i in range(count)]
+
+
+class SimCudaTensor(torch.Tensor):
+    """A tensor on simulated GPU `k`; `_inner` is the CPU tensor holding its data."""
+
+    _inner: torch.Tensor
+    _cuda: torch.device
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor, device: torch.device, requires_grad: bool = False) -> SimCudaTensor:
+        index = device.index or 0
+        self = torch_internals.make_wrapper(cls, inner, _HIDDEN[index], requires_grad)
+        self._inner = inner
+        self._cuda = device
+        return self
+
+    # -- what Python sees ------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]  # a property, as on Tensor
+        return self._cuda
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]  # a property, as on Tensor
+        return True
+
+    @property
+    def is_cpu(self) -> bool:  # type: ignore[override]  # a property, as on Tensor
+        return False
+
+    def get_device(self) -> int:
+        return self._cuda.index or 0
+
+    __torch_function__ = torch_internals.disabled_torch_function  # type: ignore[assignment]  # C++ signature
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]  # classmethod form torch documents
+        cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        return dispatch(func, args, kwargs or {})
+
+    # A "traceable wrapper subclass": nn.Module.to/.cuda then swap parameter objects
+    # instead of `param.data = new`, which would turn a CUDA parameter into a CPU one.
+    def __tensor_flatten__(self) -> tuple[list[str], torch.device]:
+        return ["_inner"], self._cuda
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, device: torch.device, outer_size: Any, outer_stride: Any) -> SimCudaTensor:
+        return SimCudaTensor(inner["_inner"], device)
+
+    def __repr__(self, *, tensor_contents: str | None = None) -> str:  # type: ignore[override]
+        with torch.no_grad():
+            text, data = torch_internals.tensor_text(self._inner, tensor_contents)
+        head = "tensor(" + (tensor_contents if tensor_contents is not None else data)
+        suffix = f", device='{self._cuda}'"
+        text = head + suffix + text[len(head) :] if text.startswith(head) else text[:-1] + suffix + ")"
+        if self.grad_fn is not None:
+            text = text[:-1] + f", grad_fn=<{type(self.grad_fn).__name__}>)"
+        elif self.requires_grad:
+            text = text[:-1] + ", requires_grad=True)"
+        if getattr(self, "_is_param", False):
+            text = "Parameter containing:\n" + text
+        return text
+
+    def __format__(self, spec: str) -> str:
+        if self.dim() == 0:
+            return self._inner.item().__format__(spec)
+        return object.__format__(self, spec)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Pickled like a real CUDA tensor (plain torch can load it): torch's rebuild
+        # function, with the storage's location recorded as cuda:k.
+        return torch_internals.reduce_as_tensor_on(self._inner, self._cuda, self.requires_grad)
+
+    def __deepcopy__(self, memo: dict) -> SimCudaTensor:
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = SimCudaTensor(self._inner.clone(memory_format=torch.preserve_format), self._cuda)
+        if self.requires_grad:
+            new.requires_grad_(True)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            if key not in ("_inner", "_cuda"):
+                setattr(new, key, copy.deepcopy(value, memo))
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        return new
+
+    def data_ptr(self) -> int:
+        # Host address of the data (a real GPU gives a device address; neither is dereferenceable by Python).
+        return self._inner.data_ptr()
+
+    def tolist(self) -> Any:
+        return self._inner.tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        if force:
+            return self._inner.detach().numpy()
+        raise TypeError(
+            f"can't convert {self._cuda} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to "
+            "host memory first."
+        )
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        return self.numpy()
+
+
+# -- the stable helpers --------------------------------------------------------------------------
+
+
+def is_simulated_cuda(tensor: Any) -> bool:
+    """Whether `tensor` lives on a simulated GPU."""
+    return isinstance(tensor, SimCudaTensor)
+
+
+def unwrap(tensor: torch.Tensor) -> torch.Tensor:
+    """The CPU tensor holding a simulated CUDA tensor's data (storage shared); other tensors unchanged."""
+    return tensor._inner if type(tensor) is SimCudaTensor else tensor
+
+
+def wrap(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
+    """`cpu_tensor` seen as a tensor on simulated GPU `index` (storage shared, not copied)."""
+    if type(cpu_tensor) is SimCudaTensor:
+        raise TypeError(f"wrap() takes a CPU tensor; this one is already on {cpu_tensor.device}")
+    return SimCudaTensor(cpu_tensor, cuda_state.gpus().resolve(index))
+
+
+# -- dispatch ------------------------------------------------------------------------------------
+
+_SEEDED = torch.Tag.nondeterministic_seeded
+_MUTABLE: dict[Any, bool] = {}
+
+
+def _unwrap_args(value: Any, seen: dict[int, SimCudaTensor]) -> Any:
+    if type(value) is SimCudaTensor:
+        inner = value._inner
+        seen[id(inner)] = value
+        return inner
+    if isinstance(value, (list, tuple)) and value and any(type(item) is SimCudaTensor for item in value):
+        return type(value)(_unwrap_args(item, seen) for item in value)
+    return value
+
+
+def _wrap_results(value: Any, seen: dict[int, SimCudaTensor], device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        # An in-place or out= op returns one of its inputs: give back that very wrapper.
+        same = seen.get(id(value))
+        return same if same is not None else SimCudaTensor(value, device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_wrap_results(item, seen, device) for item in value)
+    return value
+
+
+@contextlib.contextmanager
+def on_generator_of(index: int) -> Iterator[None]:
+    """Random ops in the block draw from simulated GPU `index`'s generator, not the CPU one."""
+    generator = cuda_state.gpus().generators[index]
+    cpu = torch.default_generator
+    saved = cpu.get_state()
+    cpu.set_state(generator.get_state())
+    try:
+        yield
+    finally:
+        generator.set_state(cpu.get_state())
+        cpu.set_state(saved)
+
+
+def run_on(device: torch.device, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run `func` on CPU tensors for simulated GPU `device`, on that GPU's generator if it draws."""
+    if _SEEDED in func.tags and kwargs.get("generator") is None:
+        with on_generator_of(device.index or 0):
+            return func(*args, **kwargs)
+    return func(*args, **kwargs)
+
+
+def to_copy(args: tuple, kwargs: dict) -> Any:
+    """`_to_copy`: a copy of a tensor on another device and/or dtype."""
+    source = args[0]
+    gpus = cuda_state.gpus()
+    target = kwargs.get("device")
+    target = source.device if target is None else gpus.resolve(target)
+    kwargs = dict(kwargs, device=torch.device("cpu"))
+    kwargs.pop("pin_memory", None)  # nothing to pin: the data stays in host memory
+    out = aten._to_copy.default(unwrap(source), **kwargs)
+    return SimCudaTensor(out, target) if target.type == "cuda" else out
+
+
+def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run aten op `func` whose arguments include simulated CUDA tensors."""
+    if func is aten._to_copy.default:
+        return to_copy(args, kwargs)
+    if func is aten.copy_.default:
+        unwrap(args[0]).copy_(unwrap(args[1]), *args[2:], **kwargs)
+        return args[0]
+    if func is aten._local_scalar_dense.default:
+        return args[0]._inner.item()
+    if func is aten.record_stream.default:
+        return None  # one stream per simulated GPU: nothing to record
+    device = device_rules.common_device(func, args, kwargs)
+    requested = kwargs.get("device")
+    if requested is not None:  # an op that also creates (new_zeros, *_like(device=...))
+        device = cuda_state.gpus().resolve(requested)
+        if device.type == "cuda":
+            kwargs = dict(kwargs, device=torch.device("cpu"))
+            kwargs.pop("pin_memory", None)
+    seen: dict[int, SimCudaTensor] = {}
+    inner_args = tuple(_unwrap_args(a, seen) for a in args)
+    inner_kwargs = {k: _unwrap_args(v, seen) for k, v in kwargs.items()}
+    if device is None or device.type != "cuda":
+        return func(*inner_args, **inner_kwargs)  # a CPU result was asked for
+    out = run_on(device, func, inner_args, inner_kwargs)
+    mutable = _MUTABLE.get(func)
+    if mutable is None:
+        mutable = _MUTABLE[func] = func._schema.is_mutable
+    if mutable:
+        for wrapper in seen.values():
+            _follow_inner(wrapper)
+    return _wrap_results(out, seen, device)
+
+
+def _follow_inner(wrapper: SimCudaTensor) -> None:
+    # An in-place op may resize or restride the inner tensor (resize_, out=, t_):
+    # the wrapper must report the same shape.
+    inner = wrapper._inner
+    if (
+        wrapper.shape != inner.shape
+        or wrapper.stride() != inner.stride()
+        or wrapper.storage_offset() != inner.storage_offset()
+    ):
+        torch_internals.sync_metadata(wrapper, inner)

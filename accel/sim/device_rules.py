@@ -1,0 +1,119 @@
+"""Which devices an op accepts together, and the error a CUDA build gives when they differ.
+
+The rules of CUDA kernels, as a simulated GPU must apply them: all tensor arguments on
+one device, except that a 0-dim CPU tensor may join CUDA tensors (it is read as a
+scalar), copies cross devices, and indexing accepts CPU index tensors. CUDA has two
+messages for a mismatch, and the simulator gives the one the same op gives on a GPU:
+pointwise ops (TensorIterator) say "found at least two devices, cuda:0 and cpu!", the
+other ops check argument by argument and name the first one on another device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _ops(*names: str) -> frozenset[Any]:
+    found = []
+    for name in names:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(aten, packet, None), overload, None)
+        if op is not None:
+            found.append(op)
+    return frozenset(found)
+
+
+#: ops that move data between devices: any mix is fine
+CROSS_DEVICE_OPS = _ops(
+    "copy_.default",
+    "_to_copy.default",
+    "_copy_from.default",
+    "_copy_from_and_resize.default",
+    "set_.source_Tensor",
+    "record_stream.default",
+    "_has_same_storage_numel.default",
+    "is_set_to.default",
+    "_foreach_copy_.default",
+)
+#: ops whose second argument is a list of indices, which may be on the CPU
+INDEX_OPS = _ops(
+    "index.Tensor",
+    "index_put_.default",
+    "index_put.default",
+    "_index_put_impl_.default",
+    "_unsafe_index.Tensor",
+    "_unsafe_index_put.default",
+)
+_POINTWISE = torch.Tag.pointwise
+
+
+def mismatch_error(func: Any, args: tuple, kwargs: dict, common: torch.device, other: torch.device) -> RuntimeError:
+    """The RuntimeError a CUDA build raises when `func` gets tensors on `common` and `other`."""
+    if _POINTWISE in func.tags or func._schema.name.startswith("aten::_foreach"):
+        return RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, {common} and {other}!"
+        )
+    # The code generated for CUDA kernels checks argument by argument and names the first
+    # one on another device, and the kernel's wrapper.
+    schema = func._schema
+    values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args) :]]
+    argument = "?"
+    for spec, value in zip(schema.arguments, values, strict=False):
+        tensors = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(t, torch.Tensor) and t.device == other for t in tensors):
+            argument = spec.name
+            break
+    name = schema.name.split("::")[-1]
+    overload = func._overloadname
+    method = f"wrapper_CUDA_{name}" if overload == "default" else f"wrapper_CUDA_{overload}_{name}"
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but got {argument} is on {other}, "
+        f"different from other tensors on {common} (when checking argument in method {method})"
+    )
+
+
+def common_device(func: Any, args: tuple, kwargs: dict) -> torch.device | None:
+    """The device `func` computes on, given its arguments; raises as CUDA does on a mismatch.
+
+    None when no argument is a tensor.
+    """
+    if func in CROSS_DEVICE_OPS:
+        return None
+    common: torch.device | None = None
+    common_is_cpu_scalar = False
+    skip_indices = func in INDEX_OPS
+
+    def visit(tensor: torch.Tensor) -> None:
+        nonlocal common, common_is_cpu_scalar
+        device = tensor.device
+        cpu_scalar = device.type == "cpu" and tensor.dim() == 0
+        if common is None:
+            common, common_is_cpu_scalar = device, cpu_scalar
+        elif device == common:
+            common_is_cpu_scalar = common_is_cpu_scalar and cpu_scalar
+        elif cpu_scalar:
+            return
+        elif common_is_cpu_scalar:
+            common, common_is_cpu_scalar = device, False
+        else:
+            raise mismatch_error(func, args, kwargs, common, device)
+
+    for position, value in enumerate(args):
+        if isinstance(value, torch.Tensor):
+            visit(value)
+        elif isinstance(value, (list, tuple)) and not (skip_indices and position == 1):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    visit(item)
+    for name, value in kwargs.items():
+        if isinstance(value, torch.Tensor):
+            visit(value)
+        elif isinstance(value, (list, tuple)) and not (skip_indices and name == "indices"):
+            for item in value:
+                if isinstance(item, torch.Tensor):
+                    visit(item)
+    return common

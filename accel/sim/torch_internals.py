@@ -1,0 +1,277 @@
+"""Every private torch API the simulated GPU relies on, each in one small function.
+
+A simulated CUDA tensor needs a few things torch offers only privately: a wrapper tensor
+subclass, a Python backend registered on the PrivateUse1 dispatch key (C++ must see a
+device it can run autograd on, which a CPU-only build cannot do for CUDA), the dispatch
+key sets used to step over autocast, the metadata-only `set_` kernel of the Meta key,
+the hook that rebuilds tensors from checkpoints, and a few more. Nothing else in
+`accel.sim` touches `torch._C` or an underscored torch name: when a torch upgrade breaks
+one of them, this is the only module to fix, and `tests/test_sim_cuda_internals.py`
+names which one broke.
+
+`check_supported()` is what `--simulate cuda` calls at start: it fails with a message
+naming the supported torch versions when the installed torch lacks one of them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+#: torch versions (major.minor) the simulated GPU was built and tested against
+SUPPORTED_TORCH = ("2.13",)
+
+
+class UnsupportedTorchError(RuntimeError):
+    """The installed torch lacks an internal the simulated GPU needs."""
+
+
+# -- presence checks: one per internal, each naming why it is needed ------------------------
+
+
+def _has(path: str) -> bool:
+    obj: Any = torch
+    for part in path.split(".")[1:]:
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
+#: internal -> why the simulated GPU needs it (the tests check each one is present and works)
+INTERNALS: dict[str, str] = {
+    "torch.Tensor._make_wrapper_subclass": "a tensor whose Python device is cuda:k and whose data is a CPU tensor",
+    "torch._C._disabled_torch_function_impl": "the subclass runs no __torch_function__ of its own (speed)",
+    "torch.utils.backend_registration._setup_privateuseone_for_python_backend": (
+        "C++ sees the wrapper on a Python-registered PrivateUse1 device, on which autograd runs"
+    ),
+    "torch._C._acc.DeviceGuard": "the PrivateUse1 device guard written in Python",
+    "torch._C._acc.PrivateUse1Hooks": "the PrivateUse1 hooks written in Python",
+    "torch._C._autograd.DeviceType": "the device type the Python guard reports",
+    "torch._C.DispatchKey": "the autocast key of the PrivateUse1 device",
+    "torch._C.DispatchKeySet": "stepping over that autocast key inside the autocast kernels",
+    "torch._C._ExcludeDispatchKeyGuard": "stepping over that autocast key inside the autocast kernels",
+    "torch._C._jit_get_all_schemas": "finding the factory ops that must run for the CUDA key",
+    "torch._C._nn._parse_to": "reading Tensor.to's arguments exactly as torch does",
+    "torch._tensor_str._str": "printing a simulated tensor as a CUDA tensor prints",
+    "torch._tensor_str._tensor_str": "printing a simulated tensor as a CUDA tensor prints",
+    "torch._utils._rebuild_tensor": "checkpoints tagged cuda:k load back on that simulated GPU",
+    "torch.optim.optimizer._foreach_supported_types": "optimizers take the foreach path as on a real GPU",
+}
+
+
+def missing_internals() -> list[str]:
+    """The internals of `INTERNALS` that this torch lacks (empty when all are there)."""
+    missing = [name for name in INTERNALS if not _has_dotted(name)]
+    if not os.path.exists(autocast_header()):
+        missing.append(autocast_header())
+    return missing
+
+
+def _has_dotted(name: str) -> bool:
+    if name.startswith("torch.utils.backend_registration."):
+        import torch.utils.backend_registration as registration
+
+        return hasattr(registration, name.rsplit(".", 1)[1])
+    if name.startswith("torch.optim.optimizer."):
+        import torch.optim.optimizer as optimizer
+
+        return hasattr(optimizer, name.rsplit(".", 1)[1])
+    return _has(name)
+
+
+def check_supported() -> None:
+    """Raise `UnsupportedTorchError` naming the supported versions if this torch cannot host simulated GPUs."""
+    missing = missing_internals()
+    if missing:
+        raise UnsupportedTorchError(
+            f"simulated CUDA needs torch internals that torch {torch.__version__} lacks ({', '.join(missing)}); "
+            f"supported torch versions: {', '.join(SUPPORTED_TORCH)}. Install one of them, or simulate 'cpu'."
+        )
+
+
+# -- the wrapper subclass ---------------------------------------------------------------------
+
+
+#: the subclass's `__torch_function__`: none of its own, which keeps each op cheap
+disabled_torch_function = torch._C._disabled_torch_function_impl
+
+
+def make_wrapper(cls: type, inner: torch.Tensor, device: torch.device, requires_grad: bool) -> Any:
+    """An instance of `cls` shaped like `inner`, on C++ device `device`, holding no data itself."""
+    return torch.Tensor._make_wrapper_subclass(
+        cls,
+        inner.size(),
+        strides=inner.stride(),
+        storage_offset=inner.storage_offset(),
+        dtype=inner.dtype,
+        layout=inner.layout,
+        device=device,
+        requires_grad=requires_grad,
+    )
+
+
+def tensor_text(inner: torch.Tensor, contents: str | None) -> tuple[str, str]:
+    """(torch's full repr text of `inner`, the data part alone) as torch formats them."""
+    strings: Any = torch._tensor_str
+    text = strings._str(inner, tensor_contents=contents)
+    data = "[]" if inner.numel() == 0 else strings._tensor_str(inner, len("tensor("))
+    return text, data
+
+
+_META_KEYS = None
+
+
+def sync_metadata(wrapper: torch.Tensor, inner: torch.Tensor) -> None:
+    """Give `wrapper` the sizes, strides and offset `inner` now has (an op resized it in place).
+
+    `set_`'s Meta kernel changes the metadata of a TensorImpl without touching data and
+    without re-entering Python dispatch.
+    """
+    global _META_KEYS
+    if _META_KEYS is None:
+        _META_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
+        _META_KEYS, wrapper, wrapper.untyped_storage(), inner.storage_offset(), inner.size(), inner.stride()
+    )
+
+
+def parse_to(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any, Any]:
+    """(device, dtype, non_blocking, memory_format) as `Tensor.to` reads its arguments."""
+    return torch._C._nn._parse_to(*args, **kwargs)
+
+
+def factory_op_names() -> Iterator[str]:
+    """`name.overload` of every aten op that takes a `device` and no tensor (a pure factory)."""
+    for schema in torch._C._jit_get_all_schemas():
+        if not schema.name.startswith("aten::"):
+            continue
+        if any(a.name == "device" for a in schema.arguments) and not any(
+            "Tensor" in str(a.type) for a in schema.arguments
+        ):
+            base = schema.name[len("aten::") :]
+            yield base + ("." + schema.overload_name if schema.overload_name else "")
+
+
+# -- the PrivateUse1 backend under the wrapper ----------------------------------------------------
+
+
+def register_python_backend(name: str, module: Any) -> None:
+    """Register PrivateUse1, renamed `name`, as a Python backend (process-wide, irreversible).
+
+    Its guard and hooks say the device exists; autograd then runs on the wrapper tensors.
+    """
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    acc: Any = torch._C._acc
+    device_type = torch._C._autograd.DeviceType.PrivateUse1
+
+    class Guard(acc.DeviceGuard):
+        def type_(self) -> Any:
+            return device_type
+
+    class Hooks(acc.PrivateUse1Hooks):
+        def is_available(self) -> bool:
+            return True
+
+        def has_primary_context(self, device_index: int) -> bool:
+            return True
+
+        def is_built(self) -> bool:
+            return True
+
+    guard, hooks = Guard(), Hooks()
+    _KEEP_ALIVE.extend([guard, hooks])  # C++ keeps raw pointers to them
+    _setup_privateuseone_for_python_backend(name, module, hooks, guard)
+
+
+_KEEP_ALIVE: list[Any] = []
+
+
+def privateuse1_name() -> str:
+    """The name PrivateUse1 has in this process ('privateuseone' until someone renames it)."""
+    return torch._C._get_privateuse1_backend_name()
+
+
+def autocast_key_guard() -> Any:
+    """A context in which the PrivateUse1 autocast key is skipped (autocast kernels call on)."""
+    key: Any = torch._C.DispatchKey  # its stubs lack the autocast keys
+    keys = torch._C.DispatchKeySet(key.AutocastPrivateUse1)
+    return torch._C._ExcludeDispatchKeyGuard(keys)
+
+
+# -- autocast policy: CUDA's op lists, as torch ships them -------------------------------------------
+
+
+def autocast_header() -> str:
+    """Path of the C++ header in which torch lists CUDA's autocast policy."""
+    return os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "autocast_mode.h")
+
+
+#: macro in autocast_mode.h -> our policy name
+AUTOCAST_MACROS = {
+    "AT_FORALL_LOWER_PRECISION_FP": "lower",
+    "AT_FORALL_FP32": "fp32",
+    "AT_FORALL_FP32_SET_OPT_DTYPE": "fp32_opt",
+    "AT_FORALL_PROMOTE": "promote",
+}
+
+
+def autocast_op_lists() -> dict[str, list[tuple[str, str]]]:
+    """Policy name -> [(op, overload)] read from torch's own autocast header.
+
+    The header is what CUDA's autocast kernels are generated from, so the simulated GPU
+    follows whatever policy the installed torch has.
+    """
+    with open(autocast_header()) as header:
+        text = header.read()
+    lists: dict[str, list[tuple[str, str]]] = {}
+    for macro, policy in AUTOCAST_MACROS.items():
+        match = re.search(r"#define " + macro + r"\(_\)\s*\\\n(.*?)\n\n", text, re.S)
+        if match is None:
+            raise UnsupportedTorchError(
+                f"{autocast_header()} has no {macro} list any more: the simulated GPU cannot read CUDA's autocast "
+                f"policy from torch {torch.__version__}; supported torch versions: {', '.join(SUPPORTED_TORCH)}"
+            )
+        ops = re.findall(r"_\((\w+)(?:,\s*(\w+))?\)", match.group(1))
+        lists[policy] = [(op, overload or "default") for op, overload in ops]
+    return lists
+
+
+# -- checkpoints and optimizers ------------------------------------------------------------------
+
+
+def patch_rebuild_tensor(make: Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]) -> None:
+    """Replace `torch._utils._rebuild_tensor` (called for every tensor a checkpoint holds) by `make(original)`."""
+    import torch._utils as utils
+
+    utils._rebuild_tensor = make(utils._rebuild_tensor)
+
+
+def reduce_as_tensor_on(inner: torch.Tensor, device: torch.device, requires_grad: bool) -> tuple[Any, tuple]:
+    """`__reduce_ex__` of a plain tensor holding `inner`'s data whose storage is on `device`.
+
+    torch's own rebuild function, so that plain torch loads the file; `torch.save` records
+    a storage's `_fake_device` as its location.
+    """
+    from collections import OrderedDict
+
+    import torch._utils as utils
+
+    storage = torch.storage.TypedStorage(wrap_storage=inner.untyped_storage(), dtype=inner.dtype, _internal=True)
+    storage._fake_device = device  # read by torch.serialization
+    args: tuple = (storage, inner.storage_offset(), tuple(inner.size()), inner.stride(), requires_grad, OrderedDict())
+    return utils._rebuild_tensor_v2, args
+
+
+def allow_foreach(cls: type) -> None:
+    """Let optimizers take their foreach path for tensors of `cls` (they do for real CUDA tensors)."""
+    import torch.optim.optimizer as optimizer
+
+    supported: list[Any] = optimizer._foreach_supported_types
+    if cls not in supported:
+        supported.append(cls)
