@@ -34,6 +34,10 @@ class DistributedSpec:
     devices: tuple[str, ...]
     timeout: float
     isolated: bool
+    #: check collectives across ranks (None: the ACCEL_SIM_CHECK_COLLECTIVES knob, default on)
+    check_collectives: bool | None = None
+    #: faults to inject (`accel.sim.faults.Fault`)
+    faults: tuple[Any, ...] = ()
 
 
 def _as_tuple(value: Any, name: str, kind: type) -> tuple[Any, ...]:
@@ -51,6 +55,8 @@ def distributed_test(
     device: str | Sequence[str] = "cpu",
     timeout: float = 60,
     isolated: bool = False,
+    check_collectives: bool | None = None,
+    faults: Sequence[Any] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Run the decorated test's body on `world_size` simulated ranks of `device`.
 
@@ -60,7 +66,21 @@ def distributed_test(
     shared by all ranks) and `pytest.mark.parametrize` arguments. It runs in warm rank
     processes that start every test clean; `isolated=True` asks for fresh ones. A test
     still running after `timeout` seconds fails with every live rank's stack.
+
+    Collectives are checked across ranks before they run: ranks calling different ones
+    fail the test at once, naming each rank's call and line (`check_collectives=False`
+    turns that off; so does ``ACCEL_SIM_CHECK_COLLECTIVES=0``). Ranks left waiting in a
+    collective that peers which returned will never join fail it within a second.
+    `faults` injects failures: `accel.sim.Fault` objects or spec strings such as
+    ``"kill:rank=1:collective=3"`` (`accel.sim.faults.parse_fault`).
     """
+    from accel.sim.faults import as_faults
+
+    injected = as_faults(list(faults))
+    if check_collectives is not None and not isinstance(check_collectives, bool):
+        raise TypeError(
+            f"@distributed_test(check_collectives=...) takes True, False or None, got {check_collectives!r}"
+        )
     world_sizes = _as_tuple(world_size, "world_size", int)
     devices = _as_tuple(device, "device", str)
     if any(size < 1 for size in world_sizes):
@@ -111,10 +131,17 @@ def distributed_test(
             devices=devices,
             timeout=float(timeout),
             isolated=bool(isolated),
+            check_collectives=check_collectives,
+            faults=injected,
         )
-        marked: Any = pytest.mark.distributed(world_size=world_size, device=device, timeout=timeout, isolated=isolated)(
-            distributed
-        )
+        marked: Any = pytest.mark.distributed(
+            world_size=world_size,
+            device=device,
+            timeout=timeout,
+            isolated=isolated,
+            check_collectives=check_collectives,
+            faults=injected,
+        )(distributed)
         if len(world_sizes) > 1:
             marked = pytest.mark.parametrize("world_size", world_sizes)(marked)
         if len(devices) > 1:

@@ -40,7 +40,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "distributed(world_size, device, timeout, isolated): body runs on simulated ranks (set by @distributed_test)",
+        "distributed(world_size, device, timeout, isolated, check_collectives, faults): body runs on simulated ranks "
+        "(set by @distributed_test)",
     )
     config.addinivalue_line("markers", "gpu: needs a real CUDA GPU (skipped without one)")
     config.addinivalue_line("markers", "multi_gpu: needs at least two real CUDA GPUs (skipped otherwise)")

@@ -14,6 +14,7 @@ Kept free of torch at import time: the pytest process imports it too, to name
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -86,10 +87,9 @@ def _import_rewritten(name: str, path: str) -> Any:
     from _pytest.assertion.rewrite import rewrite_asserts
 
     if "." in name:
-        try:
+        # A rootdir-relative name without packages on disk: the module alone will do.
+        with contextlib.suppress(ImportError):
             importlib.import_module(name.rpartition(".")[0])
-        except ImportError:
-            pass  # a rootdir-relative name without packages on disk: the module alone will do
     with open(path, "rb") as handle:
         source = handle.read()
     tree = ast.parse(source, filename=path)

@@ -18,6 +18,7 @@ import pytest
 from accel.sim import launcher, serialize
 from accel.sim.failures import DistributedFailure
 from accel.sim.manager import PoolManager
+from accel.sim.messages import Status
 from accel.sim.pool import RankOutcome
 from harness import remote
 from harness.decorator import ALLOWED_FIXTURES, RANK_FIXTURES, DistributedSpec
@@ -64,7 +65,17 @@ def run_item(item: pytest.Function, spec: DistributedSpec, manager: PoolManager,
     )
     payload = serialize.dumps_call(remote.run_test, (call,), {})
     try:
-        outcomes = launcher.run_payload(payload, world_size, device, spec.timeout, spec.isolated, real_device, manager)
+        outcomes = launcher.run_payload(
+            payload,
+            world_size,
+            device,
+            spec.timeout,
+            spec.isolated,
+            real_device,
+            manager,
+            check_collectives=spec.check_collectives,
+            faults=spec.faults,
+        )
     except DistributedFailure as failure:  # the ranks could not even start
         item.stash[FAILURE_KEY] = failure
         raise
@@ -73,7 +84,7 @@ def run_item(item: pytest.Function, spec: DistributedSpec, manager: PoolManager,
 
 def _pytest_outcome(outcome: RankOutcome) -> str | None:
     """ "skip" or "xfail" when the rank called pytest.skip / pytest.xfail."""
-    if outcome.status != "exception":
+    if outcome.status != Status.EXCEPTION:
         return None
     failure = outcome.failure
     for kind, cls in _OUTCOMES.items():
@@ -84,10 +95,10 @@ def _pytest_outcome(outcome: RankOutcome) -> str | None:
 
 def _conclude(item: pytest.Function, outcomes: list[RankOutcome], world_size: int, device: str, timeout: float) -> None:
     __tracebackhide__ = True
-    if all(outcome.status == "ok" for outcome in outcomes):
+    if all(outcome.status == Status.OK for outcome in outcomes):
         return
     kinds = {o.rank: _pytest_outcome(o) for o in outcomes}
-    own = [o for o in outcomes if o.status not in ("ok", "stopped")]
+    own = [o for o in outcomes if o.status not in (Status.OK, Status.STOPPED)]
     if own and all(kinds[o.rank] is not None for o in own):
         # Only skips / xfails of their own accord (the others returned or were waiting).
         kind = "skip" if any(kinds[o.rank] == "skip" for o in own) else "xfail"

@@ -10,11 +10,38 @@ pool of ranks, parent side), `worker` and `cleanslate` (inside a rank), `forking
 fork server), `failures` (what went wrong where), `stacks`, `serialize`,
 `coverage_support`; `devices`, `fake_cuda`, `fake_xla` (the simulated hardware).
 
+Diagnoses: collectives are checked across ranks (`collectives`: a mismatch raises
+`CollectiveMismatch` naming each rank's call), ranks left waiting in a collective their
+peers will never join fail at once (`deadlock`: `DistributedDeadlock`), a dead rank's
+last stderr lines are in the report. Faults can be injected (`faults`: `Fault`,
+`parse_fault`, and `fault_point(name)`, a no-op outside the simulator). The messages
+between the pool and its ranks are typed (`messages`).
+
 Environment knobs: `ACCEL_SIM_START_TIMEOUT` (seconds a pool may take to start,
-default 120), `ACCEL_SIM_MAX_WARM_RANKS` (idle warm ranks kept per process, default 32).
+default 120), `ACCEL_SIM_MAX_WARM_RANKS` (idle warm ranks kept per process, default 32),
+`ACCEL_SIM_CHECK_COLLECTIVES` (0 turns the collective check off), `ACCEL_SIM_CHECK_TIMEOUT`
+(seconds a rank waits for its peers in the check, default 1800).
 """
 
-from accel.sim.failures import DistributedFailure, DistributedTimeout, RankFailure
+from accel.sim.failures import (
+    CollectiveMismatch,
+    DistributedDeadlock,
+    DistributedFailure,
+    DistributedTimeout,
+    RankFailure,
+)
+from accel.sim.faults import Fault, InjectedFault, fault_point, parse_fault
 from accel.sim.launcher import launch
 
-__all__ = ["launch", "DistributedFailure", "DistributedTimeout", "RankFailure"]
+__all__ = [
+    "launch",
+    "DistributedFailure",
+    "DistributedTimeout",
+    "DistributedDeadlock",
+    "CollectiveMismatch",
+    "RankFailure",
+    "Fault",
+    "InjectedFault",
+    "fault_point",
+    "parse_fault",
+]

@@ -2,8 +2,10 @@
 
 A failed launch names every failed rank with its own traceback (or exit code, signal
 name, or live stack at a timeout), and shows where the ranks that were still running
-waited. Every line of a rank's block is prefixed with ``[rank N]`` so that a report of
-four interleaved ranks stays readable and greppable.
+waited. A rank that died brings the last lines it wrote to stderr, and a hint where
+the cause is a known one (a script without a `__main__` guard). Every line of a rank's
+block is prefixed with ``[rank N]`` so that a report of four interleaved ranks stays
+readable and greppable.
 """
 
 from __future__ import annotations
@@ -12,14 +14,15 @@ import dataclasses
 from typing import Any
 
 #: kinds of RankFailure: raised an exception, exited without returning, killed by a
-#: signal, still running at the timeout, or stopped by the simulator because another
-#: rank had failed first (listed apart from the failures: they are victims, not causes)
-KINDS = ("exception", "exit", "signal", "timeout", "stopped")
+#: signal, still running at the timeout, stopped by the simulator because another
+#: rank had failed first (listed apart from the failures: they are victims, not causes),
+#: or waiting in a collective that could no longer complete (its peers had returned)
+KINDS = ("exception", "exit", "signal", "timeout", "stopped", "deadlock")
 
 
 @dataclasses.dataclass
 class RankFailure:
-    """How one rank failed; `kind` is one of "exception", "exit", "signal", "timeout", "stopped"."""
+    """How one rank failed; `kind` is one of `KINDS`."""
 
     rank: int
     kind: str
@@ -30,6 +33,12 @@ class RankFailure:
     exitcode: int | None = None
     signal_name: str | None = None
     stack: str = ""
+    #: the last lines the rank wrote to stderr (a rank that died)
+    stderr: str = ""
+    #: a likely cause and what to do about it
+    hint: str = ""
+    #: which collective the rank was waiting in, and where (a deadlocked or stopped rank)
+    waiting: str = ""
 
     def headline(self) -> str:
         """One line saying what happened to this rank."""
@@ -43,6 +52,10 @@ class RankFailure:
             return f"killed by signal {self.signal_name}"
         if self.kind == "timeout":
             return "still running at the timeout; its stack at that moment:"
+        if self.kind == "deadlock":
+            return f"{self.waiting}, which can no longer complete; its stack:"
+        if self.waiting:
+            return f"still running after another rank had failed (then stopped): it {self.waiting}; its stack:"
         return "still running after another rank had failed (then stopped); it was here:"
 
     def details(self) -> str:
@@ -58,8 +71,28 @@ class RankFailure:
         details = self.details().rstrip("\n")
         if details:
             lines.extend(details.splitlines())
+        if self.stderr:
+            lines.append("its last lines on stderr:")
+            lines.extend("    " + line for line in self.stderr.splitlines())
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
         prefix = f"[rank {self.rank}] "
         return "\n".join(prefix + line for line in lines)
+
+
+class CollectiveMismatch(RuntimeError):
+    """Ranks of a process group called different collectives (raised in each of them by the simulator).
+
+    `calls` maps each rank of the group to (its collective with shapes and dtypes, the
+    file:line of the user's code that called it).
+    """
+
+    def __init__(self, message: str, calls: dict[int, tuple[str, str]] | None = None) -> None:
+        super().__init__(message)
+        self.calls = dict(calls or {})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.calls))
 
 
 class DistributedFailure(RuntimeError):
@@ -116,3 +149,11 @@ class DistributedFailure(RuntimeError):
 
 class DistributedTimeout(DistributedFailure):
     """A simulated launch did not finish in time; `failures` holds each live rank's stack."""
+
+
+class DistributedDeadlock(DistributedFailure):
+    """Ranks waited in collectives that could no longer complete: their peers had returned.
+
+    `failures` holds each waiting rank (kind "deadlock") with the collective it waited
+    in, where, and its stack.
+    """

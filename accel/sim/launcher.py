@@ -2,18 +2,27 @@
 
 Ranks come warm from a pool (`accel.sim.pool`); a launch that ended badly throws its
 pool away so that the next one starts from healthy ranks. Failures are raised as one
-`DistributedFailure` naming every failed rank.
+`DistributedFailure` naming every failed rank (`DistributedTimeout`,
+`DistributedDeadlock` for those two causes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from accel.sim import device_names, serialize
+from accel.sim import faults as fault_specs
 from accel.sim import manager as managers
 from accel.sim import pool as pools
-from accel.sim.failures import DistributedFailure, DistributedTimeout
+from accel.sim.deadlock import ranges
+from accel.sim.failures import DistributedDeadlock, DistributedFailure, DistributedTimeout
+from accel.sim.messages import Status
+
+#: environment knob: "0" (or false/no/off) turns the collective check off where the
+#: caller does not say (`check_collectives=None`)
+CHECK_ENV = "ACCEL_SIM_CHECK_COLLECTIVES"
 
 #: exception types (qualified names) after which the ranks are still in step: a pool
 #: whose ranks all ended with one of these (or returned) is kept warm
@@ -39,36 +48,63 @@ def known_devices() -> tuple[str, ...]:
     return DEVICES
 
 
-def check_options(world_size: int, device: str, timeout: float, real_device: bool = False) -> None:
+def check_options(world_size: int, device: str, timeout: float | None, real_device: bool = False) -> None:
     """Reject what cannot be launched, with a message that says what to pass instead."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if not real_device and device not in known_devices():
         raise ValueError(f"unknown simulated device {device!r}; choose one of {', '.join(known_devices())}")
-    if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if timeout is not None and (not timeout or timeout <= 0):
+        raise ValueError(f"timeout must be a positive number of seconds (or None: no limit), got {timeout!r}")
+
+
+def resolve_check(check_collectives: bool | None) -> bool:
+    """Whether to check collectives: the caller's choice, else the `ACCEL_SIM_CHECK_COLLECTIVES` knob (default on)."""
+    if check_collectives is not None:
+        return bool(check_collectives)
+    value = os.environ.get(CHECK_ENV, "1").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on", ""):
+        return True
+    raise ValueError(f"{CHECK_ENV}={value!r}: use 1 (check collectives across ranks, the default) or 0")
 
 
 def run_payload(
     payload: bytes,
     world_size: int,
     device: str,
-    timeout: float,
+    timeout: float | None,
     isolated: bool = False,
     real_device: bool = False,
     manager: managers.PoolManager | None = None,
     in_step_exceptions: Iterable[str] = IN_STEP_EXCEPTIONS,
+    check_collectives: bool | None = None,
+    faults: Sequence[fault_specs.Fault | str] | None = None,
 ) -> list[pools.RankOutcome]:
-    """Run a serialised call on the ranks; the outcomes, one per rank (raises only if ranks cannot start)."""
+    """Run a serialised call on the ranks; the outcomes, one per rank (raises only if ranks cannot start).
+
+    `check_collectives` None follows the `ACCEL_SIM_CHECK_COLLECTIVES` knob; `faults` are
+    `accel.sim.faults.Fault`s or their spec strings (`accel.sim.faults.parse_fault`).
+    """
+    check = resolve_check(check_collectives)
+    injected = fault_specs.as_faults(faults, world_size)
     manager = manager or default_manager()
     pool = manager.acquire(world_size, device, real_device=real_device, isolated=isolated)
     reusable = False
     try:
-        outcomes = pool.run(payload, timeout)
+        outcomes = pool.run(payload, timeout, check_collectives=check, faults=injected)
         in_step = set(in_step_exceptions)
         reusable = not isolated and all(
             outcome.pg_ok
-            and (outcome.status == "ok" or (outcome.status == "exception" and outcome.failure.exc_type in in_step))
+            and (
+                outcome.status == Status.OK
+                or (
+                    outcome.status == Status.EXCEPTION
+                    and outcome.failure is not None
+                    and outcome.failure.exc_type in in_step
+                )
+            )
             for outcome in outcomes
         )
         return outcomes
@@ -79,20 +115,32 @@ def run_payload(
 #: which failures are listed first: a rank that died usually makes its peers' collectives
 #: fail ("connection reset by peer"), so deaths come before exceptions, and those before
 #: timeouts; within a kind, the one the parent learnt of first
-_CAUSE_ORDER = {"signal": 0, "exit": 0, "exception": 1, "timeout": 2}
+_CAUSE_ORDER = {"signal": 0, "exit": 0, "exception": 1, "timeout": 2, "deadlock": 2}
 
 
 def raise_for_failures(
     outcomes: list[pools.RankOutcome], world_size: int, device: str, timeout: float | None = None
 ) -> None:
-    """Raise `DistributedFailure` (or `DistributedTimeout`) if any rank did not return."""
+    """Raise `DistributedFailure` (or `DistributedTimeout`, `DistributedDeadlock`) if any rank did not return."""
     failed = sorted(
-        (o for o in outcomes if o.status not in ("ok", "stopped")), key=lambda o: (_CAUSE_ORDER[o.status], o.seq)
+        (o for o in outcomes if o.status not in (Status.OK, Status.STOPPED)),
+        key=lambda o: (_CAUSE_ORDER[o.status.value], o.seq),
     )
-    failures = {o.rank: o.failure for o in failed}
-    stopped = {o.rank: o.failure for o in outcomes if o.status == "stopped"}
+    failures = {o.rank: o.failure for o in failed if o.failure is not None}
+    stopped = {o.rank: o.failure for o in outcomes if o.status == Status.STOPPED and o.failure is not None}
     if not failures and not stopped:
         return
+    mismatches = {f.message for f in failures.values() if (f.exc_type or "").endswith("CollectiveMismatch")}
+    if len(mismatches) == 1 and len(mismatches) == len({f.message for f in failures.values()}):
+        # Every failed rank raised the same report: say it once, in the summary.
+        summary = next(iter(mismatches)).splitlines()[0]
+        raise DistributedFailure(failures, stopped, world_size, device, summary=f"{summary} (device {device!r})")
+    if failures and all(f.kind == "deadlock" for f in failures.values()):
+        done = [o.rank for o in outcomes if o.status == Status.OK]
+        waits = "; ".join(f"rank {rank} {failure.waiting}" for rank, failure in sorted(failures.items()))
+        noun = "rank" if len(done) == 1 else "ranks"
+        summary = f"deadlock: {waits}; {noun} {ranges(done)} already returned (device {device!r})"
+        raise DistributedDeadlock(failures, stopped, world_size, device, summary=summary)
     if failures and all(f.kind == "timeout" for f in failures.values()):
         ranks = ", ".join(str(rank) for rank in sorted(failures))
         after = f" after {timeout:g} s" if timeout else ""
@@ -109,10 +157,12 @@ def launch(
     kwargs: dict[str, Any] | None = None,
     world_size: int = 2,
     device: str = "cpu",
-    timeout: float = 60,
+    timeout: float | None = 60,
     isolated: bool = False,
     *,
     real_device: bool = False,
+    check_collectives: bool | None = None,
+    faults: Sequence[fault_specs.Fault | str] | None = None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on `world_size` simulated ranks; the list of their return values.
 
@@ -121,23 +171,50 @@ def launch(
     simulated `device` ("cpu", "cuda" or "xla") installed, so `PartialState()` is set up
     as on that hardware. Ranks are kept warm between launches and start each one clean;
     `isolated=True` uses fresh processes. What ranks print is relayed, prefixed
-    ``[rank N]``.
+    ``[rank N]``. With `world_size=1` the rank still has a process group (of size 1).
+
+    Every collective is checked across ranks before it runs (`check_collectives`,
+    default: on unless ``ACCEL_SIM_CHECK_COLLECTIVES=0``): ranks calling different
+    collectives fail at once with `CollectiveMismatch`, naming each rank's collective
+    and the line that called it. `faults` injects failures (`accel.sim.Fault` or spec
+    strings such as ``"kill:rank=1:collective=3"``, see `accel.sim.faults.parse_fault`).
 
     Raises:
         DistributedFailure: a rank raised, exited or was killed (every failed rank is
             named with its own traceback, exit code or signal).
         DistributedTimeout: ranks were still running `timeout` seconds after the call
             was sent to them (starting fresh ranks is not counted); each live rank's
-            Python stack is in the message, and the ranks are killed.
+            Python stack is in the message, and the ranks are killed. `timeout=None`
+            sets no limit.
+        DistributedDeadlock: ranks waited in a collective their peers would never join
+            (those had returned); raised within about a second, with the waiting
+            ranks' collectives, locations and stacks.
 
     `real_device=True` runs on the real hardware instead (`device="cuda"`: one GPU per
     rank, NCCL), with nothing simulated.
     """
     check_options(world_size, device, timeout, real_device)
     payload = serialize.dumps_call(fn, args, kwargs or {})
-    outcomes = run_payload(payload, world_size, device, timeout, isolated, real_device)
+    outcomes = run_payload(
+        payload,
+        world_size,
+        device,
+        timeout,
+        isolated,
+        real_device,
+        check_collectives=check_collectives,
+        faults=faults,
+    )
     raise_for_failures(outcomes, world_size, device, timeout)
     return [serialize.loads(o.value) if o.value is not None else None for o in outcomes]
 
 
-__all__ = ["launch", "DistributedFailure", "DistributedTimeout", "run_payload", "raise_for_failures", "default_manager"]
+__all__ = [
+    "launch",
+    "DistributedFailure",
+    "DistributedTimeout",
+    "DistributedDeadlock",
+    "run_payload",
+    "raise_for_failures",
+    "default_manager",
+]

@@ -11,11 +11,19 @@ A `RankPool` runs one task at a time: it sends the task to every rank, waits for
 answers, relays what the ranks print (prefixed with their rank), and decides what
 happened to the ranks that did not answer: after the first failure the others get a
 short grace to finish or fail on their own; at the timeout (or after the grace) their
-Python stacks are taken with SIGUSR1 and the whole pool is killed.
+Python stacks are taken with SIGUSR1 and the whole pool is killed. Ranks that still
+wait in a collective once a peer of that collective has finished are a deadlock: they
+are stopped within about a second (`DEADLOCK_SETTLE`), not at the timeout, and the
+report says which collective each waits in. A rank that dies brings the last lines it
+wrote to stderr into the report.
+
+The messages exchanged with the ranks are the types of `accel.sim.messages`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import multiprocessing.connection
 import os
 import pickle
@@ -27,8 +35,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from accel.sim import coverage_support, entry, forking, stacks
+from accel.sim import coverage_support, deadlock, entry, forking, guard, stacks
 from accel.sim.failures import DistributedFailure, RankFailure
+from accel.sim.messages import ExceptionReport, Port, Ready, RunTask, StartError, Status, Stop, TaskDone
 
 #: after the first failed rank, how long the others get to finish before being stopped
 FAILURE_GRACE = 1.0
@@ -41,27 +50,24 @@ START_TIMEOUT = float(os.environ.get("ACCEL_SIM_START_TIMEOUT", "120"))
 #: (world sizes 2 and 4 on cpu, cuda and xla: 18 ranks) must fit, or every test would
 #: evict the pool the next one needs. A warm rank holds about 10-50 MB of its own.
 MAX_WARM_RANKS = int(os.environ.get("ACCEL_SIM_MAX_WARM_RANKS", "32"))
+#: lines of a dead rank's stderr quoted in the report
+STDERR_TAIL_LINES = 15
 
 
+@dataclasses.dataclass
 class RankOutcome:
-    """What one rank made of one task: `status` "ok" (with `value`, serialised) or a `failure`."""
+    """What one rank made of one task: `status` OK (with `value`, serialised) or a `failure`."""
 
-    __slots__ = ("rank", "status", "value", "failure", "pg_ok", "seq")
-
-    def __init__(
-        self,
-        rank: int,
-        status: str,
-        value: bytes | None = None,
-        failure: RankFailure | None = None,
-        pg_ok: bool = False,
-    ) -> None:
-        self.rank, self.status, self.value, self.failure, self.pg_ok = rank, status, value, failure, pg_ok
-        #: order in which the parent learnt the outcome (earlier failures are likelier causes)
-        self.seq = 0
+    rank: int
+    status: Status
+    value: bytes | None = None
+    failure: RankFailure | None = None
+    pg_ok: bool = False
+    #: order in which the parent learnt the outcome (earlier failures are likelier causes)
+    seq: int = 0
 
     def __repr__(self) -> str:
-        return f"RankOutcome(rank={self.rank}, status={self.status!r})"
+        return f"RankOutcome(rank={self.rank}, status={self.status.value!r})"
 
 
 class RankPool:
@@ -85,6 +91,8 @@ class RankPool:
         self._outputs: list[list[Any]] = []
         self._partial: dict[tuple[int, int], bytes] = {}
         self._stack_offsets: list[int] = [0] * world_size
+        #: size of each rank's stderr file when the current task began
+        self._err_offsets: list[int] = [0] * world_size
 
     # -- start and stop --------------------------------------------------------------------
 
@@ -150,19 +158,21 @@ class RankPool:
                 conn = self._conns[rank]
                 if rank not in ready and (conn in signalled or conn.poll()):
                     try:
-                        kind, value = conn.recv()
+                        message = conn.recv()
                     except EOFError:
                         continue  # it died: its sentinel tells how
-                    if kind == "port":
+                    if isinstance(message, Port):
                         for other in self._conns[1:]:
-                            other.send(("port", value))
-                    elif kind == "ready":
+                            other.send(message)
+                    elif isinstance(message, Ready):
                         ready.add(rank)
-                    elif kind == "error":
-                        self._start_failed({rank: _exception_failure(rank, value)}, "error")
+                    elif isinstance(message, StartError):
+                        self._start_failed({rank: _exception_failure(rank, message.error)}, "error")
             for rank, proc in enumerate(self._procs):
                 if proc.sentinel in signalled:
-                    self._start_failed({rank: self._death(rank)}, "death")
+                    failure = self._death(rank)
+                    failure.hint = guard.main_guard_hint()
+                    self._start_failed({rank: failure}, "death")
 
     def _start_failed(self, failures: dict[int, RankFailure], why: str) -> None:
         self.relay(final=True)
@@ -176,11 +186,10 @@ class RankPool:
 
     def close(self) -> None:
         """Ask the ranks to exit, then make sure they did."""
+        stop = pickle.dumps(Stop(), protocol=pickle.HIGHEST_PROTOCOL)
         for conn in self._conns:
-            try:
-                conn.send(("stop",))
-            except OSError:
-                pass  # that rank is gone already
+            with contextlib.suppress(OSError):  # that rank is gone already
+                conn.send_bytes(stop)
         deadline = time.monotonic() + 2.0
         for proc in self._procs:
             proc.join(max(0.0, deadline - time.monotonic()))
@@ -214,22 +223,36 @@ class RankPool:
 
     # -- running a task --------------------------------------------------------------------
 
-    def run(self, payload: bytes, timeout: float, grace: float = FAILURE_GRACE) -> list[RankOutcome]:
+    def run(
+        self,
+        payload: bytes,
+        timeout: float | None,
+        grace: float = FAILURE_GRACE,
+        check_collectives: bool = True,
+        faults: tuple = (),
+    ) -> list[RankOutcome]:
         """Run a serialised call on every rank; one outcome per rank, in rank order.
 
-        Never raises for what happens in ranks: failures, deaths and timeouts are
-        outcomes. The pool is killed when a rank did not answer; the caller decides
-        whether it may be reused otherwise.
+        Never raises for what happens in ranks: failures, deaths, deadlocks and timeouts
+        are outcomes. `timeout` None waits as long as ranks make progress (a deadlock
+        still ends the task). `check_collectives` checks every collective across ranks
+        before it runs; `faults` (`accel.sim.faults.Fault`) are injected in their ranks.
+        The pool is killed when a rank did not answer; the caller decides whether it may
+        be reused otherwise.
         """
         if not self.healthy:
             raise RuntimeError("this rank pool is not running; start a new one")
         self.tasks_run += 1
-        message = pickle.dumps(("run", payload, os.getcwd(), list(sys.path)), protocol=pickle.HIGHEST_PROTOCOL)
+        task = RunTask(payload, os.getcwd(), list(sys.path), self.tasks_run, check_collectives, tuple(faults))
+        message = pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
+        self._err_offsets = [self._output_size(rank, "err") for rank in range(self.world_size)]
         for conn in self._conns:
             conn.send_bytes(message)
         outcomes: dict[int, RankOutcome] = {}
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout if timeout is not None else float("inf")
         stop_at: float | None = None
+        watch = deadlock.Watch(self.world_size, self._workdir)
+        stuck: dict[int, dict[str, Any]] = {}
         while len(outcomes) < self.world_size:
             limit = deadline if stop_at is None else min(deadline, stop_at)
             remaining = limit - time.monotonic()
@@ -242,22 +265,31 @@ class RankPool:
             ready = multiprocessing.connection.wait(waitables, timeout=min(remaining, RELAY_INTERVAL))
             if not ready:
                 self.relay()
+                if outcomes:
+                    stuck = watch.stuck(pending, finished=set(outcomes))
+                    if stuck:
+                        break
                 continue
             for rank in pending:
                 if self._conns[rank] in ready or self._procs[rank].sentinel in ready:
                     outcomes[rank] = self._collect(rank)
                     outcomes[rank].seq = len(outcomes)
-                    if outcomes[rank].status != "ok" and stop_at is None:
+                    if outcomes[rank].status != Status.OK and stop_at is None:
                         stop_at = time.monotonic() + grace
         left = [rank for rank in range(self.world_size) if rank not in outcomes]
         if left:
-            kind = "stopped" if stop_at is not None and time.monotonic() < deadline else "timeout"
+            if stuck:
+                kind = Status.DEADLOCK if stop_at is None else Status.STOPPED
+            else:
+                kind = Status.STOPPED if stop_at is not None and time.monotonic() < deadline else Status.TIMEOUT
             dumped = self._dump_stacks(left)
             for rank in left:
-                outcomes[rank] = RankOutcome(rank, kind, failure=RankFailure(rank, kind, stack=dumped[rank]))
-                outcomes[rank].seq = len(outcomes)
+                failure = RankFailure(rank, kind.value, stack=dumped[rank])
+                if rank in stuck:
+                    failure.waiting = deadlock.describe_wait(stuck[rank], dumped[rank])
+                outcomes[rank] = RankOutcome(rank, kind, failure=failure, seq=len(outcomes) + 1)
         self.relay(final=True)  # before a kill: what the ranks printed last often explains it
-        if left or any(outcome.status in ("exit", "signal") for outcome in outcomes.values()):
+        if left or any(outcome.status in (Status.EXIT, Status.SIGNAL) for outcome in outcomes.values()):
             self.kill()
         return [outcomes[rank] for rank in range(self.world_size)]
 
@@ -265,25 +297,46 @@ class RankPool:
         conn = self._conns[rank]
         if conn.poll():
             try:
-                _, report = pickle.loads(conn.recv_bytes())
+                done = pickle.loads(conn.recv_bytes())
             except EOFError:
-                report = None
-            if report is not None:
-                return _outcome_from_report(rank, report)
-        return RankOutcome(rank, *_status_of(self._death(rank)))
+                done = None
+            if isinstance(done, TaskDone):
+                return _outcome_from_report(rank, done)
+        failure = self._death(rank)
+        return RankOutcome(rank, Status(failure.kind), failure=failure)
 
     def _death(self, rank: int) -> RankFailure:
         proc = self._procs[rank]
         proc.join(5.0)
         code = proc.exitcode
         crash = self._read_stack(rank)
+        stderr = self._stderr_tail(rank)
         if code is not None and code < 0:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            return RankFailure(rank, "signal", exitcode=code, signal_name=name, stack=crash)
-        return RankFailure(rank, "exit", exitcode=code, stack=crash)
+            return RankFailure(rank, "signal", exitcode=code, signal_name=name, stack=crash, stderr=stderr)
+        return RankFailure(rank, "exit", exitcode=code, stack=crash, stderr=stderr)
+
+    def _output_size(self, rank: int, suffix: str) -> int:
+        try:
+            return os.path.getsize(os.path.join(self._workdir, f"rank{rank}.{suffix}"))
+        except OSError:
+            return 0
+
+    def _stderr_tail(self, rank: int) -> str:
+        """The last lines the rank wrote to stderr during this task (or its start)."""
+        start = self._err_offsets[rank]
+        try:
+            with open(os.path.join(self._workdir, f"rank{rank}.err"), "rb") as handle:
+                size = handle.seek(0, os.SEEK_END)
+                handle.seek(max(start, size - 16384))
+                data = handle.read()
+        except OSError:
+            return ""
+        lines = data.decode(errors="replace").rstrip("\n").splitlines()
+        return "\n".join(lines[-STDERR_TAIL_LINES:])
 
     # -- stacks and output -----------------------------------------------------------------
 
@@ -361,41 +414,34 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         # Not (yet) the leader of its own group: kill the process alone.
-        try:
+        with contextlib.suppress(ProcessLookupError):  # already gone
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # already gone
 
 
-def _exception_failure(rank: int, report: dict[str, Any]) -> RankFailure:
+def _exception_failure(rank: int, report: ExceptionReport) -> RankFailure:
     exception = None
-    if report.get("exception") is not None:
+    if report.exception is not None:
         try:
-            exception = pickle.loads(report["exception"])
+            exception = pickle.loads(report.exception)
         except Exception:  # noqa: BLE001  (a class the parent cannot import: the text is kept)
             exception = None
     return RankFailure(
         rank,
         "exception",
-        exc_type=report["exc_type"],
-        message=report["message"],
-        traceback=report["traceback"],
+        exc_type=report.exc_type,
+        message=report.message,
+        traceback=report.traceback,
         exception=exception,
     )
 
 
-def _outcome_from_report(rank: int, report: dict[str, Any]) -> RankOutcome:
-    status = report["status"]
-    pg_ok = report.get("pg_ok", False)
-    if status == "ok":
-        return RankOutcome(rank, "ok", value=report["value"], pg_ok=pg_ok)
-    if status == "exit":
-        code = report["code"]
-        if code == 0:  # sys.exit(0) / sys.exit(): a normal end, with no value
-            return RankOutcome(rank, "ok", value=None, pg_ok=False)
-        return RankOutcome(rank, "exit", failure=RankFailure(rank, "exit", exitcode=code))
-    return RankOutcome(rank, "exception", failure=_exception_failure(rank, report), pg_ok=pg_ok)
-
-
-def _status_of(failure: RankFailure) -> tuple[str, None, RankFailure]:
-    return failure.kind, None, failure
+def _outcome_from_report(rank: int, done: TaskDone) -> RankOutcome:
+    if done.status == Status.OK:
+        return RankOutcome(rank, Status.OK, value=done.value, pg_ok=done.pg_ok)
+    if done.status == Status.EXIT:
+        if not done.exit_code:  # sys.exit(0) / sys.exit(): a normal end, with no value
+            return RankOutcome(rank, Status.OK, value=None, pg_ok=False)
+        return RankOutcome(rank, Status.EXIT, failure=RankFailure(rank, "exit", exitcode=done.exit_code))
+    if done.error is None:
+        raise TypeError(f"rank {rank} reported {done.status} without saying what it raised")
+    return RankOutcome(rank, Status.EXCEPTION, failure=_exception_failure(rank, done.error), pg_ok=done.pg_ok)

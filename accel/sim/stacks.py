@@ -19,7 +19,11 @@ _HIDDEN_IN_STACKS = {
     entry.__file__,
     "<string>",
 }
-_STACK_LINE = re.compile(r'^\s*File "(?P<path>[^"]*)", line \d+')
+#: (file, function) frames left out: the collective wrapper's bookkeeping, while the
+#: wrapper itself stays, named for the collective it runs (e.g. "in all_reduce")
+_COLLECTIVES = os.path.join(os.path.dirname(entry.__file__), "collectives.py")
+_HIDDEN_FUNCTIONS = {(_COLLECTIVES, "call"), (_COLLECTIVES, "_check")}
+_STACK_LINE = re.compile(r'^\s*File "(?P<path>[^"]*)", line \d+ in (?P<function>\S+)')
 
 
 def hide_in_stacks(path: str) -> None:
@@ -33,7 +37,11 @@ def trim_stack(text: str) -> str:
     kept = []
     for line in text.splitlines():
         match = _STACK_LINE.match(line)
-        if match and (match["path"] in _HIDDEN_IN_STACKS or match["path"].startswith(machinery)):
+        if match and (
+            match["path"] in _HIDDEN_IN_STACKS
+            or match["path"].startswith(machinery)
+            or (match["path"], match["function"]) in _HIDDEN_FUNCTIONS
+        ):
             continue
         if line.startswith("Extension modules:"):
             continue

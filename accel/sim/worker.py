@@ -8,15 +8,23 @@ simulated device and let `PartialState()` create the Gloo process group exactly 
 that hardware. Rank 0 hosts the rendezvous store on a port the kernel picks, so that
 launches running side by side never collide.
 
+With one rank, a process group of size 1 is created too, as the distributed test
+bases of torch and DeepSpeed do: code under test may call `dist.get_world_size()`.
+Collectives are watched (`accel.sim.collectives`): checked across ranks, counted for
+injected faults (`accel.sim.faults`), shown on a board the parent reads.
+
 Then, per task: restore the clean slate (`accel.sim.cleanslate`), run the function,
 report its value or what went wrong, and whether the process group is still there.
+The messages exchanged with the parent are the types of `accel.sim.messages`.
 
 The fork server has already imported torch and accel (`accel.sim.entry.PRELOAD`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import dataclasses
 import faulthandler
 import os
 import pickle
@@ -30,11 +38,15 @@ import torch
 import torch.distributed as dist
 
 import accel.state  # noqa: F401  (preloaded: every rank needs it)
-from accel.sim import serialize
+from accel.sim import collectives, faults, serialize
 from accel.sim.cleanslate import CleanSlate, seed_everything
+from accel.sim.messages import ExceptionReport, Port, Ready, RunTask, StartError, Status, Stop, TaskDone
 
 #: source files whose frames are left out of a rank's traceback (the simulator's own)
 INTERNAL_FILES: set[str] = {__file__}
+#: files whose frames are left out at the end of a traceback: the collective wrapper and
+#: the fault injector raise on the user's behalf, the user's call is the frame that matters
+RAISING_FILES: set[str] = {collectives.__file__, faults.__file__}
 
 _PR_SET_PDEATHSIG = 1
 #: keeps rank 0's rendezvous store (and its server) alive as long as the process
@@ -56,32 +68,52 @@ def serve(config: dict[str, Any], conn: Any, coverage: Any = None) -> None:
     _redirect_output(config["workdir"], config["rank"])
     try:
         slate = _set_up(config, conn)
+        _one_rank_group(config["world_size"])
+        collectives.install(config["workdir"], config["rank"])
     except BaseException as error:  # noqa: BLE001  (whatever failed, the parent must hear why)
-        conn.send(("error", describe_exception(error)))
+        conn.send(StartError(describe_exception(error)))
         _exit(1)
-    conn.send(("ready", os.getpid()))
-    # A process group exists from the start only with more than one rank; a task must
-    # leave it as it found it.
+    conn.send(Ready(os.getpid()))
+    # A task must leave the process group as it found it.
     had_group = _group_exists()
     while True:
         try:
-            message = conn.recv()
+            message = pickle.loads(conn.recv_bytes())
         except EOFError:  # the parent is gone
             _exit(0)
-        if message[0] == "stop":
+        if isinstance(message, Stop):
             _exit(0)
-        _, payload, cwd, sys_path = message
-        outcome = _run_task(slate, payload, cwd, sys_path)
+        if not isinstance(message, RunTask):
+            raise TypeError(f"a rank expects RunTask or Stop from the parent, got {message!r}")
+        collectives.begin_task(message.number, message.check_collectives)
+        faults.arm(message.faults, config["rank"])
+        try:
+            done = _run_task(slate, message)
+        finally:
+            faults.disarm()
+            collectives.end_task()
         _flush()
         _save_coverage()
-        outcome["pg_ok"] = _group_exists() == had_group
-        conn.send_bytes(pickle.dumps(("done", outcome), protocol=pickle.HIGHEST_PROTOCOL))
-        if outcome["status"] == "exit":
-            _exit(outcome["code"])
+        done = dataclasses.replace(done, pg_ok=_group_exists() == had_group)
+        conn.send_bytes(pickle.dumps(done, protocol=pickle.HIGHEST_PROTOCOL))
+        if done.status == Status.EXIT:
+            _exit(done.exit_code or 0)
 
 
 def _group_exists() -> bool:
     return dist.is_available() and dist.is_initialized()
+
+
+def _one_rank_group(world_size: int) -> None:
+    # accel (as Accelerate) creates no process group for a single process; a test of
+    # distributed code still expects one, of size 1. It is created by the device's own
+    # backend, as `PartialState` would have.
+    if world_size != 1 or _group_exists():
+        return
+    from accel.state import PartialState, reset_state
+
+    PartialState().hardware.init_process_group()
+    reset_state()
 
 
 # -- process set-up --------------------------------------------------------------------
@@ -95,11 +127,10 @@ def _bind_lifetime_to_parent() -> None:
 
     alive_fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)  # noqa: SLF001
     if alive_fd is not None:
-        try:
+        with contextlib.suppress(OSError):  # already closed: nothing to release
             os.close(alive_fd)
-        except OSError:
-            pass  # already closed: nothing to release
-        forkserver._forkserver._forkserver_alive_fd = None  # noqa: SLF001
+        # private to multiprocessing, which offers no public way to drop that pipe
+        forkserver._forkserver._forkserver_alive_fd = None  # type: ignore[attr-defined]  # noqa: SLF001
     parent = os.getppid()
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -155,12 +186,12 @@ def _rendezvous_port(rank: int, world_size: int, conn: Any) -> int:
         # Multi-tenant: the env:// rendezvous of this process reuses this very server.
         store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, multi_tenant=True, wait_for_workers=False)
         _STORE.append(store)
-        conn.send(("port", store.port))
+        conn.send(Port(store.port))
         return store.port
     message = conn.recv()
-    if message[0] != "port":
+    if not isinstance(message, Port):
         raise RuntimeError(f"expected the rendezvous port from the parent, got {message!r}")
-    return message[1]
+    return message.port
 
 
 def _prepare_device(device: str, real_device: bool) -> Callable[[], None]:
@@ -184,19 +215,19 @@ def _prepare_device(device: str, real_device: bool) -> Callable[[], None]:
 # -- tasks -----------------------------------------------------------------------------
 
 
-def _run_task(slate: CleanSlate, payload: bytes, cwd: str, sys_path: list[str]) -> dict[str, Any]:
+def _run_task(slate: CleanSlate, task: RunTask) -> TaskDone:
     try:
-        slate.restore(cwd, sys_path)
-        fn, args, kwargs = serialize.loads(payload)
+        slate.restore(task.cwd, task.sys_path)
+        fn, args, kwargs = serialize.loads(task.payload)
         value = fn(*args, **kwargs)
     except SystemExit as exit_:
-        return {"status": "exit", "code": _exit_code(exit_)}
+        return TaskDone(Status.EXIT, exit_code=_exit_code(exit_))
     except BaseException as error:  # noqa: BLE001  (skips and KeyboardInterrupt are reported too)
-        return {"status": "exception", **describe_exception(error)}
+        return TaskDone(Status.EXCEPTION, error=describe_exception(error))
     try:
-        return {"status": "ok", "value": serialize.dumps(value)}
+        return TaskDone(Status.OK, value=serialize.dumps(value))
     except TypeError as error:
-        return {"status": "exception", **describe_exception(error)}
+        return TaskDone(Status.EXCEPTION, error=describe_exception(error))
 
 
 def _exit_code(exit_: SystemExit) -> int:
@@ -209,23 +240,31 @@ def _exit_code(exit_: SystemExit) -> int:
     return 1
 
 
-def describe_exception(error: BaseException) -> dict[str, Any]:
+def describe_exception(error: BaseException) -> ExceptionReport:
     """The exception as the parent reports it: type, message, the rank's own traceback, the object."""
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in INTERNAL_FILES:
         tb = tb.tb_next
+    last_own = None
+    cursor = tb
+    while cursor is not None:
+        if cursor.tb_frame.f_code.co_filename not in RAISING_FILES:
+            last_own = cursor
+        cursor = cursor.tb_next
+    if last_own is not None and last_own.tb_next is not None:
+        last_own.tb_next = None  # the frames after it are the simulator's raising on the user's behalf
     kind = type(error)
     module = kind.__module__
     try:
         pickled = pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:  # noqa: BLE001  (the text below still says everything)
         pickled = None
-    return {
-        "exc_type": kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}",
-        "message": str(error),
-        "traceback": "".join(traceback.format_exception(kind, error, tb)),
-        "exception": pickled,
-    }
+    return ExceptionReport(
+        exc_type=kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}",
+        message=str(error),
+        traceback="".join(traceback.format_exception(kind, error, tb)),
+        exception=pickled,
+    )
 
 
 def _save_coverage() -> None:
@@ -241,10 +280,8 @@ def _save_coverage() -> None:
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # a test closed or broke the stream
                 stream.flush()
-            except (OSError, ValueError):
-                pass  # a test closed or broke the stream: nothing left to flush
 
 
 def _exit(code: int) -> None:

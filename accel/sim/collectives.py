@@ -1,0 +1,298 @@
+"""Inside a rank: watch every `torch.distributed` collective the code calls.
+
+Each public collective function (`dist.all_reduce`, `dist.broadcast`, ... also the
+object ones) is wrapped, in `torch.distributed` and in `torch.distributed.distributed_c10d`,
+so that calls through either name, and the simulated GPU's process group (which runs
+on Gloo under those same functions), are all seen. A collective called from inside
+another (`all_gather_object` calls `all_gather`) counts once, as the outer one. Per call:
+
+- **faults**: the rank's N-th collective of the task may fire an injected fault
+  (`accel.sim.faults`);
+- **board**: the rank writes "waiting in <op>, collective #n, group ranks" to a small
+  memory-mapped file before the call and "idle" after it; the parent reads it to see
+  that ranks wait in a collective whose peers have already finished (a deadlock), and
+  says so at once instead of at the timeout;
+- **check** (on by default, `check_collectives=False` turns it off): before the call, every
+  rank of the group publishes the collective's signature (op, tensor shapes and dtypes,
+  root, reduce op) under the group's sequence number in the rendezvous store and reads
+  the others'. Different signatures raise `CollectiveMismatch` in every rank of the group,
+  naming each rank's collective and the line of the user's code that called it.
+
+Why not torch's own checker (``TORCH_DISTRIBUTED_DEBUG=DETAIL``, the `ProcessGroupWrapper`
+of `dist._create_process_group_wrapper`)? It compares the same fingerprint (op, shapes,
+dtypes, sequence number) but wraps C++ backends only, so the simulated GPU's Python
+process group escapes it, its report knows no Python location, and DETAIL also turns on
+torch's other debug checks. `benchmarks/bench_collective_check.py` measures both.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import inspect
+import json
+import mmap
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from accel.sim import faults
+from accel.sim.deadlock import BOARD_SIZE, board_path, ranges
+from accel.sim.failures import CollectiveMismatch
+
+#: seconds a rank waits for its peers' signatures before giving up (the parent's
+#: deadlock check and the task's timeout usually end the wait much earlier)
+CHECK_TIMEOUT = float(os.environ.get("ACCEL_SIM_CHECK_TIMEOUT", "1800"))
+
+#: collective -> (tensor arguments whose shape and dtype must agree, other arguments that must agree)
+RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "all_reduce": (("tensor",), ("op",)),
+    "all_reduce_coalesced": (("tensors",), ("op",)),
+    "broadcast": (("tensor",), ("src", "group_src")),
+    "reduce": (("tensor",), ("dst", "op", "group_dst")),
+    "all_gather": (("tensor",), ()),
+    "all_gather_into_tensor": (("input_tensor",), ()),
+    "all_gather_single": (("input_tensor",), ()),
+    "reduce_scatter": (("output",), ("op",)),
+    "reduce_scatter_tensor": (("input",), ("op",)),
+    "all_to_all": ((), ()),
+    "all_to_all_single": ((), ()),
+    "gather": (("tensor",), ("dst", "group_dst")),
+    "scatter": (("tensor",), ("src", "group_src")),
+    "barrier": ((), ()),
+    "all_gather_object": ((), ()),
+    "broadcast_object_list": ((), ("src", "group_src")),
+    "gather_object": ((), ("dst", "group_dst")),
+    "scatter_object_list": ((), ("src", "group_src")),
+}
+
+#: source trees whose frames are not "the user's code" when naming where a collective was called
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(os.path.abspath(path)) + os.sep
+    for path in (torch.__file__, sys.modules["accel"].__file__ or "", functools.__file__)
+)
+
+
+class _Watch:
+    """This process's collective bookkeeping (one per rank process)."""
+
+    def __init__(self) -> None:
+        self.rank = 0
+        self.depth = 0
+        self.count = 0
+        self.check = False
+        self.task = 0
+        self.sequences: dict[str, int] = {}
+        self.board: mmap.mmap | None = None
+        self.store: Any = None
+        self.prefix_store: Any = None
+
+    # -- per task ---------------------------------------------------------------------
+
+    def begin(self, task: int, check: bool) -> None:
+        self.task, self.check, self.count, self.depth = task, check, 0, 0
+        self.sequences.clear()
+        self.prefix_store = None
+        self._idle()
+
+    def end(self) -> None:
+        self.check = False
+        self.prefix_store = None
+        self._idle()
+
+    # -- per call ---------------------------------------------------------------------
+
+    def call(self, name: str, index: dict[str, int], original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        group = _argument("group", index, args, kwargs)
+        if group is c10d.GroupMember.NON_GROUP_MEMBER:
+            return original(*args, **kwargs)  # torch does nothing on a rank outside the group
+        self.count += 1
+        if faults.armed():
+            faults.at_collective(self.count)
+        ranks, group_name = _group_of(group)
+        self._waiting(name, ranks)
+        try:
+            if self.check and len(ranks) > 1:
+                self._check(name, index, args, kwargs, ranks, group_name)
+            return original(*args, **kwargs)
+        finally:
+            self._idle()
+
+    def _check(
+        self, name: str, index: dict[str, int], args: tuple, kwargs: dict, ranks: list[int], group_name: str
+    ) -> None:
+        seq = self.sequences.get(group_name, 0) + 1
+        self.sequences[group_name] = seq
+        store = self._store()
+        signature = _signature(name, index, args, kwargs)
+        key = f"{group_name}/{seq}/"
+        store.set(key + str(self.rank), signature)
+        if seq > 2:
+            # Every peer has read our signature of seq-2 once it published seq-1, which we
+            # have read: the key can go, so that the store does not grow with a long run.
+            store.delete_key(f"{group_name}/{seq - 2}/{self.rank}")
+        peers = [rank for rank in ranks if rank != self.rank]
+        try:
+            values = store.multi_get([key + str(rank) for rank in peers])
+        except dist.DistStoreError as error:
+            raise TimeoutError(
+                f"rank {self.rank} waited {CHECK_TIMEOUT:g} s for ranks {ranges(peers)} to reach collective "
+                f"#{seq} of group {group_name} ({name}); set ACCEL_SIM_CHECK_TIMEOUT to wait longer"
+            ) from error
+        signatures = {self.rank: signature, **{rank: value.decode() for rank, value in zip(peers, values, strict=True)}}
+        if len(set(signatures.values())) == 1:
+            return
+        # Every rank of the group sees the mismatch: each publishes where it was called
+        # from (only now: finding it costs a stack walk), then all raise the same report.
+        store.set(f"{key}where/{self.rank}", _user_location(sys._getframe(1)))
+        wheres = store.multi_get([f"{key}where/{rank}" for rank in ranks])
+        calls = {rank: (signatures[rank], where.decode()) for rank, where in zip(ranks, wheres, strict=True)}
+        raise CollectiveMismatch(_mismatch_text(calls, seq, group_name, ranks), calls)
+
+    def _store(self) -> Any:
+        if self.prefix_store is None:
+            if self.store is None:
+                self.store = dist.TCPStore(
+                    os.environ["MASTER_ADDR"],
+                    int(os.environ["MASTER_PORT"]),
+                    is_master=False,
+                    timeout=datetime.timedelta(seconds=CHECK_TIMEOUT),
+                    wait_for_workers=False,
+                )
+            self.prefix_store = dist.PrefixStore(f"accel-check/{self.task}/", self.store)
+        return self.prefix_store
+
+    # -- the board the parent reads -----------------------------------------------------
+
+    def _waiting(self, name: str, ranks: list[int]) -> None:
+        if self.board is None:
+            return
+        data = json.dumps({"op": name, "count": self.count, "ranks": ranks}).encode()[: BOARD_SIZE - 2]
+        self.board[1 : 1 + len(data)] = data
+        self.board[1 + len(data)] = 0
+        self.board[0] = ord("W")
+
+    def _idle(self) -> None:
+        if self.board is not None:
+            self.board[0] = ord("I")
+
+
+_watch = _Watch()
+
+
+def install(workdir: str, rank: int) -> None:
+    """Wrap torch.distributed's collectives in this rank process (once, at its start)."""
+    _watch.rank = rank
+    path = board_path(workdir, rank)
+    with open(path, "wb") as handle:
+        handle.write(b"I" + b"\0" * (BOARD_SIZE - 1))
+    with open(path, "r+b") as handle:
+        _watch.board = mmap.mmap(handle.fileno(), BOARD_SIZE)
+    for name in RULES:
+        original = getattr(c10d, name, None)
+        if original is None or hasattr(original, "__accel_original__"):
+            continue
+        wrapped = _wrap(name, original)
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is original:
+            setattr(dist, name, wrapped)
+
+
+def begin_task(task: int, check: bool) -> None:
+    """Start counting (and checking, when `check`) the collectives of a new task."""
+    _watch.begin(task, check)
+
+
+def end_task() -> None:
+    """The task is over (whatever its outcome)."""
+    _watch.end()
+
+
+def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    index = {param: position for position, param in enumerate(inspect.signature(original).parameters)}
+
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        if _watch.depth:
+            return original(*args, **kwargs)
+        _watch.depth += 1
+        try:
+            return _watch.call(name, index, original, args, kwargs)
+        finally:
+            _watch.depth -= 1
+
+    # Named for the collective in stacks (faulthandler prints the code's name): a rank
+    # waiting in it shows "in all_reduce", as without the wrapper.
+    collective.__code__ = collective.__code__.replace(co_name=name)
+    functools.update_wrapper(collective, original)
+    collective.__accel_original__ = original  # type: ignore[attr-defined]  # (marks it wrapped)
+    return collective
+
+
+def _argument(name: str, index: dict[str, int], args: tuple, kwargs: dict) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    position = index.get(name)
+    return args[position] if position is not None and position < len(args) else None
+
+
+def _group_of(group: Any) -> tuple[list[int], str]:
+    if group is None or group is c10d.GroupMember.WORLD:
+        return list(range(dist.get_world_size())), "default"
+    return dist.get_process_group_ranks(group), str(getattr(group, "group_name", "") or id(group))
+
+
+def _signature(name: str, index: dict[str, int], args: tuple, kwargs: dict) -> str:
+    """The call as ranks must agree on it, e.g. ``all_reduce(float32[4, 2], op=SUM)``."""
+    tensors, others = RULES[name]
+    parts = [_describe(_argument(param, index, args, kwargs)) for param in tensors]
+    if name == "broadcast_object_list":
+        parts.append(f"{len(_argument('object_list', index, args, kwargs) or ())} objects")
+    for param in others:
+        value = _argument(param, index, args, kwargs)
+        if value is not None:
+            parts.append(f"{param}={_describe(value)}")
+    return f"{name}({', '.join(parts)})"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_describe(item) for item in value) + "]"
+    if value is None:
+        return "None"
+    text = str(value)
+    # Reduce ops print as "RedOpType.SUM"; the name alone is what a user wrote.
+    return text.rsplit(".", 1)[-1] if text.startswith(("RedOpType.", "ReduceOp.")) else text
+
+
+def _user_location(frame: Any) -> str:
+    """file:line of the innermost frame outside torch and accel (where the user called the collective)."""
+    first = None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        location = f"{path}:{frame.f_lineno}"
+        first = first or location
+        if not path.startswith(_LIBRARY_DIRS) and not path.startswith("<"):
+            return location
+        frame = frame.f_back
+    return first or "unknown location"
+
+
+def _mismatch_text(calls: dict[int, tuple[str, str]], seq: int, group_name: str, ranks: list[int]) -> str:
+    """First line: each rank's collective and where (file name:line); then the full paths."""
+    group = "the default group" if group_name == "default" else f"group {group_name} (ranks {ranges(ranks)})"
+    by_call: dict[tuple[str, str], list[int]] = {}
+    for rank, call in calls.items():
+        by_call.setdefault(call, []).append(rank)
+    short, full = [], []
+    for (signature, where), members in by_call.items():
+        who = f"{'rank' if len(members) == 1 else 'ranks'} {ranges(members)}"
+        short.append(f"{who} {signature} at {os.path.basename(where)}")
+        full.append(f"  {who}: {signature} at {where}")
+    return "\n".join([f"collective mismatch: {'; '.join(short)} (collective #{seq} of {group})", *full])

@@ -1,0 +1,114 @@
+"""Seeing, from the parent, that ranks wait in a collective that can no longer complete.
+
+Each rank writes to a small board file (`accel.sim.collectives`) which collective it is
+waiting in, its count within the task and the ranks of its group, and clears it when the
+call returns. Once some ranks have finished the task (returned or failed), the others
+are deadlocked if every one of them waits in a collective, and at least one of those
+collectives has a finished rank in its group: that rank will never join it. The verdict
+waits `SETTLE` seconds with nothing moving, so that a collective the finished rank did
+take part in, and which is just returning, is not mistaken for one.
+
+Torch-free: the parent (pytest, `accel launch`) imports it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import time
+from typing import Any
+
+#: seconds the ranks must stay waiting, unchanged, before they are called deadlocked
+SETTLE = 0.3
+#: bytes of a rank's board file
+BOARD_SIZE = 4096
+
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+)')
+
+
+def board_path(workdir: str, rank: int) -> str:
+    """The file where `rank` says which collective it waits in."""
+    return os.path.join(workdir, f"rank{rank}.board")
+
+
+def read_board(path: str) -> dict[str, Any] | None:
+    """What a rank's board says: {"op", "count", "ranks"} while it waits in a collective, else None.
+
+    A board read while the rank rewrites it may not parse: that reads as None (not waiting).
+    """
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(BOARD_SIZE)
+    except OSError:
+        return None
+    if not data or data[0] != ord("W"):
+        return None
+    try:
+        board = json.loads(data[1:].split(b"\0", 1)[0])
+    except ValueError:
+        return None
+    return board if isinstance(board, dict) else None
+
+
+class Watch:
+    """Watches the boards of one task's ranks for a deadlock."""
+
+    def __init__(self, world_size: int, workdir: str) -> None:
+        self._paths = [board_path(workdir, rank) for rank in range(world_size)]
+        self._seen: dict[int, int] | None = None
+        self._since = 0.0
+
+    def stuck(self, pending: list[int], finished: set[int]) -> dict[int, dict[str, Any]]:
+        """rank -> board of every pending rank, when they are deadlocked (else empty)."""
+        boards = {rank: read_board(self._paths[rank]) for rank in pending}
+        waiting = {rank: board for rank, board in boards.items() if board is not None}
+        doomed = any(set(board.get("ranks", ())) & finished for board in waiting.values())
+        if len(waiting) < len(pending) or not doomed:
+            self._seen = None
+            return {}
+        snapshot = {rank: board.get("count", 0) for rank, board in waiting.items()}
+        now = time.monotonic()
+        if snapshot != self._seen:
+            self._seen, self._since = snapshot, now
+            return {}
+        return waiting if now - self._since >= SETTLE else {}
+
+
+def _library_dirs() -> tuple[str, ...]:
+    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]  # accel
+    for name in ("torch", "harness"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            dirs.extend(os.path.abspath(path) + os.sep for path in spec.submodule_search_locations)
+    return tuple(dirs)
+
+
+def user_location(stack: str) -> str:
+    """file:line of the innermost frame of a faulthandler stack outside torch, accel and harness."""
+    frames = [(m["path"], m["line"]) for m in map(_FRAME.match, stack.splitlines()) if m]
+    if not frames:
+        return "an unknown location"
+    library = _library_dirs()
+    for path, line in frames:
+        if not os.path.abspath(path).startswith(library):
+            return f"{path}:{line}"
+    return f"{frames[0][0]}:{frames[0][1]}"
+
+
+def describe_wait(board: dict[str, Any], stack: str) -> str:
+    """e.g. "waits in all_reduce (its collective #3) at /path/test_x.py:12"."""
+    op, count = board.get("op", "a collective"), board.get("count", "?")
+    return f"waits in {op} (its collective #{count}) at {user_location(stack)}"
+
+
+def ranges(ranks: Any) -> str:
+    """1, 2, 3, 5 -> "1–3, 5"."""
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in spans)
