@@ -877,6 +877,8 @@ def _accumulation_plugin(plugin: GradientAccumulationPlugin | None, steps: int) 
                 "pass either gradient_accumulation_steps or gradient_accumulation_plugin (with num_steps), not both"
             )
         return plugin
+    # `accel launch --gradient_accumulation_steps` sets it for the script, as Accelerate's launcher does.
+    steps = int(os.environ.get("ACCEL_GRADIENT_ACCUMULATION_STEPS", steps))
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
     return GradientAccumulationPlugin(num_steps=steps)
