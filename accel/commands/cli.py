@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from accel import __version__
 from accel.commands import env, launch
 
 _COMMANDS = (launch, env)
@@ -19,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accel", description="Run PyTorch training scripts on any hardware, or simulate it."
     )
+    parser.add_argument("--version", "-v", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in _COMMANDS:
         command.add_parser(subparsers)
@@ -28,7 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `accel` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # The sub-command's own usage, not the top-level one, and its own words.
+        explain = getattr(args, "unrecognized", lambda words: f"unrecognized arguments: {' '.join(words)}")
+        getattr(args, "parser", parser).error(explain(extra))
     if args.command is None:
         parser.print_help()
         return 2
