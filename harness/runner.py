@@ -126,7 +126,9 @@ def longrepr(item: pytest.Item, failure: DistributedFailure) -> Any:
     """The failure as pytest shows it: the multi-rank report, and a one-line crash message."""
     text = failure.report()
     first = failure.first()
-    crash_message = failure.summary if first.kind == "timeout" else f"rank {first.rank}: {first.headline()}"
+    crash_message = (
+        failure.summary if first.kind in ("timeout", "deadlock") else f"rank {first.rank}: {first.headline()}"
+    )
     try:
         from _pytest._code.code import ReprEntryNative, ReprExceptionInfo, ReprFileLocation, ReprTraceback
     except ImportError:

@@ -1,0 +1,226 @@
+"""The harness diagnoses, through pytest's own `pytester`: serial, under `-n 2`, and nothing left running.
+
+One test file exercises them all: a world of one rank has a process group; mismatched
+collectives fail at once naming each rank's call and line (unless `check_collectives=False`);
+a rank left alone in a collective fails as a deadlock, not at the timeout; a dead rank's
+last stderr lines are in the report; faults injected from the decorator kill, raise in or
+stall a rank.
+"""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
+
+DIAGNOSED = """
+import os, pathlib, sys
+from harness import distributed_test
+from accel.sim import Fault, fault_point
+
+PIDS = pathlib.Path(__file__).parent / "pids"
+
+
+def record():
+    # every rank process and the fork server it came from, to check nothing outlives the session
+    PIDS.mkdir(exist_ok=True)
+    (PIDS / str(os.getpid())).write_text(str(os.getppid()))
+
+
+@distributed_test(world_size=1, device=["cpu", "cuda"])
+def test_one_rank(rank, world_size):
+    import torch.distributed as dist
+    record()
+    assert dist.is_initialized() and dist.get_world_size() == 1 and rank == 0
+
+
+@distributed_test(world_size=2)
+def test_mismatch(rank):
+    import torch, torch.distributed as dist
+    record()
+    value = torch.ones(3)
+    if rank == 0:
+        dist.all_reduce(value)
+    else:
+        dist.all_gather_into_tensor(torch.empty(6), value)
+
+
+@distributed_test(world_size=2, check_collectives=False)
+def test_unchecked(rank):
+    import torch, torch.distributed as dist
+    record()
+    dist.all_reduce(torch.ones(2), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+
+
+@distributed_test(world_size=4, timeout=300)
+def test_deadlock(rank):
+    import torch, torch.distributed as dist
+    record()
+    if rank == 0:
+        dist.all_reduce(torch.ones(2))
+
+
+@distributed_test(world_size=2)
+def test_dies(rank):
+    import torch.distributed as dist
+    record()
+    if rank == 1:
+        print("cannot open /data/shard1", file=sys.stderr, flush=True)
+        os._exit(5)
+    dist.barrier()
+
+
+@distributed_test(world_size=2, faults=["kill:rank=1:collective=2"])
+def test_killed_by_a_fault(rank):
+    import torch, torch.distributed as dist
+    record()
+    for _ in range(3):
+        dist.all_reduce(torch.ones(1))
+
+
+@distributed_test(world_size=2, faults=["raise:rank=0:point=after_save"])
+def test_raise_at_a_point(rank):
+    record()
+    fault_point("after_save")
+
+
+@distributed_test(world_size=2, faults=[Fault("stall", rank=1, point="slow", seconds=0.1)])
+def test_stall_then_pass(rank):
+    import torch.distributed as dist
+    record()
+    fault_point("slow")
+    dist.barrier()
+"""
+
+PASSED = 4  # test_one_rank[cpu], test_one_rank[cuda], test_unchecked, test_stall_then_pass
+FAILED = 5
+
+
+def _failure_section(output: str, test_name: str) -> str:
+    match = re.search(rf"_+ {re.escape(test_name)} _+\n(.*?)(?=\n_{{3,}} |\n=+ )", output, re.S)
+    assert match, f"no failure section for {test_name} in:\n{output}"
+    return match.group(1)
+
+
+def _gone(pid: int, within: float = 15.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _assert_nothing_left_running(pytester, fork_servers: bool) -> None:
+    """Every rank is gone; with `fork_servers`, so are the fork servers they came from.
+
+    (A pytest run in this process shares this process's fork server, which stays.)
+    """
+    pids = set()
+    for path in (pytester.path / "pids").iterdir():
+        pids.add(int(path.name))
+        if fork_servers:
+            pids.add(int(path.read_text()))
+    assert len(pids) >= 2
+    leftovers = [pid for pid in pids if not _gone(pid)]
+    for pid in leftovers:  # do not leak them into the rest of the suite
+        os.kill(pid, signal.SIGKILL)
+    assert not leftovers
+
+
+def _line_of(pytester, text: str) -> int:
+    source = (pytester.path / "test_h_diagnosed.py").read_text().splitlines()
+    return next(number for number, line in enumerate(source, 1) if text in line)
+
+
+def test_diagnoses_in_one_session(pytester, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    pytester.makepyfile(test_h_diagnosed=DIAGNOSED)
+    result = pytester.runpytest(*NO_HYPOTHESIS, "-rA", "-p", "no:randomly")
+    result.assert_outcomes(passed=PASSED, failed=FAILED)
+    output = result.stdout.str()
+
+    mismatch = _failure_section(output, "test_mismatch")
+    reduce_line, gather_line = _line_of(pytester, "dist.all_reduce(value)"), _line_of(pytester, "all_gather_into")
+    assert (
+        f"collective mismatch: rank 0 all_reduce(float32[3]) at test_h_diagnosed.py:{reduce_line}; "
+        f"rank 1 all_gather_into_tensor(float32[3]) at test_h_diagnosed.py:{gather_line}"
+    ) in mismatch
+    assert "[rank 1] CollectiveMismatch: collective mismatch" in mismatch
+
+    deadlock = _failure_section(output, "test_deadlock")
+    lonely = _line_of(pytester, "        dist.all_reduce(torch.ones(2))")
+    assert re.search(
+        rf"deadlock: rank 0 waits in all_reduce \(its collective #1\) at \S*test_h_diagnosed.py:{lonely}; "
+        r"ranks 1–3 already returned",
+        deadlock,
+    )
+    assert re.search(rf"\[rank 0\] .*line {lonely} in test_deadlock", deadlock)
+    assert "timed out" not in deadlock
+
+    dies = _failure_section(output, "test_dies")
+    assert "[rank 1] exited with code 5 before returning" in dies
+    assert "[rank 1] its last lines on stderr:\n[rank 1]     cannot open /data/shard1" in dies
+
+    killed = _failure_section(output, "test_killed_by_a_fault")
+    assert "[rank 1] killed by signal SIGKILL" in killed
+    assert "injected fault kill:rank=1:collective=2: killing this rank before its collective #2" in killed
+    assert "[rank 0] still running after another rank had failed (then stopped): it waits in all_reduce" in killed
+
+    raised = _failure_section(output, "test_raise_at_a_point")
+    assert "[rank 0] InjectedFault: injected fault (raise:rank=0:point=after_save)" in raised
+
+    result.stdout.fnmatch_lines(["*FAILED*test_mismatch - rank 0: CollectiveMismatch: collective mismatch*"])
+    _assert_nothing_left_running(pytester, fork_servers=False)
+
+
+def test_diagnoses_under_xdist_and_nothing_left_running(pytester):
+    pytester.makepyfile(test_h_diagnosed=DIAGNOSED)
+    result = pytester.runpytest_subprocess(*NO_HYPOTHESIS, "-n", "2")
+    result.assert_outcomes(passed=PASSED, failed=FAILED)
+    for line in (
+        "deadlock: rank 0 waits in all_reduce (its collective #1) at *:*; ranks 1–3 already returned*",
+        "collective mismatch: rank 0 all_reduce(float32[[]3[]]) at *; rank 1 all_gather_into_tensor(float32[[]3[]])*",
+        "[[]rank 1[]]     cannot open /data/shard1",
+        "[[]rank 1[]]     accel.sim: injected fault kill:rank=1:collective=2: *",
+        "[[]rank 0[]] InjectedFault: injected fault (raise:rank=0:point=after_save)*",
+    ):
+        result.stdout.fnmatch_lines([line])
+    _assert_nothing_left_running(pytester, fork_servers=True)
+
+
+@pytest.mark.parametrize("knob", ["0", "1"])
+def test_the_environment_knob_turns_the_check_off(pytester, monkeypatch, knob):
+    pytester.makepyfile(
+        test_h_knob="""
+        from harness import distributed_test
+
+        @distributed_test(world_size=2)
+        def test_ops_differ(rank):
+            import torch, torch.distributed as dist
+            dist.all_reduce(torch.ones(2), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+        """
+    )
+    monkeypatch.setenv("ACCEL_SIM_CHECK_COLLECTIVES", knob)
+    result = pytester.runpytest(*NO_HYPOTHESIS)
+    if knob == "0":
+        result.assert_outcomes(passed=1)
+    else:
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines(["*rank 0 all_reduce(float32[[]2[]], op=SUM)*rank 1 all_reduce(*op=MAX)*"])
+
+
+def test_decorator_refuses_bad_faults_and_check_values():
+    from harness import distributed_test
+
+    with pytest.raises(ValueError, match="unknown fault action"):
+        distributed_test(faults=["boom:rank=0:collective=1"])
+    with pytest.raises(TypeError, match="check_collectives"):
+        distributed_test(check_collectives="yes")
