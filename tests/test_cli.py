@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from accel.commands import cli, launch
+from accel.commands import cli, launch, launch_args, simulate
 from accel.sim.devices import DEVICES
 
 ACCEL = str(Path(sys.executable).with_name("accel"))
@@ -53,33 +53,24 @@ def test_single_machine_uses_a_standalone_torchrun():
 
 
 def test_multi_machine_options_map_to_torchrun():
-    args = parse(
-        "--num_processes",
-        "8",
-        "--num_machines",
-        "2",
-        "--machine_rank",
-        "1",
-        "--main_process_ip",
-        "10.0.0.1",
-        "--main_process_port",
-        "29501",
-        "t.py",
-        "--lr",
-        "1",
-    )
+    # As in Accelerate, --num_processes counts the processes of all machines.
+    common = ["--num_processes", "8", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "10.0.0.1"]
+    args = parse(*common, "--main_process_port", "29501", "t.py", "--lr", "1")
     assert launch.torchrun_args(args) == [
-        "--nproc_per_node=8",
+        "--nproc_per_node=4",
         "--nnodes=2",
         "--node_rank=1",
-        "--master_addr=10.0.0.1",
-        "--master_port=29501",
+        "--rdzv_endpoint=10.0.0.1:29501",
         "t.py",
         "--lr",
         "1",
     ]
+    args = parse(*common, "--main_process_port", "29501", "--same_network", "t.py")
+    assert launch.torchrun_args(args)[3:5] == ["--master_addr=10.0.0.1", "--master_port=29501"]
     with pytest.raises(ValueError, match="main_process_ip"):
         launch.torchrun_args(parse("--num_machines", "2", "t.py"))
+    with pytest.raises(ValueError, match="split evenly"):
+        launch.torchrun_args(parse("--num_processes", "3", "--num_machines", "2", "t.py"))
     with pytest.raises(ValueError, match="machine_rank"):
         launch.torchrun_args(
             parse(
@@ -96,10 +87,133 @@ def test_multi_machine_options_map_to_torchrun():
         )
 
 
+def test_torchrun_options_pass_through():
+    args = parse(
+        "--num_processes", "2", "--max_restarts", "3", "--monitor_interval", "1.5", "--rdzv_backend", "c10d",
+        "--rdzv_conf", "a=1", "--role", "trainer", "--log_dir", "logs", "--tee", "3",
+        "--local_ranks_filter", "0", "-m", "pkg.train", "x",
+    )  # fmt: skip
+    assert launch.torchrun_args(args) == [
+        "--nproc_per_node=2",
+        "--standalone",
+        "--rdzv_backend=c10d",
+        "--rdzv_conf=a=1",
+        "--max_restarts=3",
+        "--monitor_interval=1.5",
+        "--role=trainer",
+        "--log_dir=logs",
+        "--tee=3",
+        "--local_ranks_filter=0",
+        "--module",
+        "pkg.train",
+        "x",
+    ]
+    assert launch.torchrun_args(parse("--num_processes", "1", "--no_python", "prog"))[-2:] == ["--no_python", "prog"]
+
+
+def test_accelerate_launch_flags_are_accepted_with_their_meaning():
+    args = parse(
+        "--multi_gpu", "--mixed_precision", "fp16", "--num_processes", "4", "--num_machines", "1",
+        "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", "29500",
+        "--gradient_accumulation_steps", "4", "--cpu", "--num_cpu_threads_per_process", "2", "--dynamo_backend", "no",
+        "--same_network", "--rdzv_backend", "static", "--monitor_interval", "0.1", "--debug", "--gpu_ids", "0,1",
+        "--config_file", "none.yaml", "-q", "t.py",
+    )  # fmt: skip
+    assert (args.multi_gpu, args.num_processes, args.gpu_ids, args.quiet, args.script) == (True, 4, "0,1", True, "t.py")
+    assert launch.accel_env(args) == {
+        "ACCEL_MIXED_PRECISION": "fp16",
+        "ACCEL_USE_CPU": "1",
+        "ACCEL_DEBUG_MODE": "1",
+        "ACCEL_GRADIENT_ACCUMULATION_STEPS": "4",
+        "OMP_NUM_THREADS": "2",
+    }
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--use_deepspeed"], "--use_deepspeed: DeepSpeed is not supported"),
+        (["--zero_stage", "2"], "--zero_stage: DeepSpeed"),
+        (["--use_fsdp"], "--use_fsdp: FSDP"),
+        (["--fsdp_version", "2"], "--fsdp_version: FSDP"),
+        (["--megatron_lm_tp_degree", "2"], "--megatron_lm_tp_degree: Megatron-LM is not supported"),
+        (["--fp8_backend", "te"], "FP8"),
+        (["--parallelism_config_tp_size", "2"], "ND parallelism"),
+        (["--ipex"], "IPEX"),
+        (["--use_npu"], "NPU"),
+        (["--enable_cpu_affinity"], "CPU affinity"),
+        (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
+        (["--num_processes", "two"], "invalid int value"),
+    ],
+)
+def test_bad_flags_show_the_launch_usage_and_say_what_is_wrong(flags, named, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["launch", *flags, "t.py"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: accel launch") and named in err
+
+
+def test_dynamo_and_tpu_flags_we_cannot_honour_are_refused(tmp_path, capsys):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    assert cli.main(["launch", "--dynamo_backend", "inductor", str(script)]) == 2
+    assert "does not compile models" in capsys.readouterr().err
+    assert cli.main(["launch", "--tpu", str(script)]) == 2
+    assert "--simulate xla" in capsys.readouterr().err
+    assert cli.main(["launch", "--simulate", "cpu", "--no_python", str(script)]) == 2
+    assert cli.main(["launch", "--fault", "kill:rank=0:collective=1", str(script)]) == 2
+    assert "simulated runs only" in capsys.readouterr().err
+    assert cli.main(["launch", "--simulate", "cpu", "--fault", "explode:rank=0", str(script)]) == 2
+    assert "unknown fault action" in capsys.readouterr().err
+    assert cli.main(["launch", "--simulate", "cpu", "--local_ranks_filter", "5", str(script)]) == 2
+    assert "names no rank of 2" in capsys.readouterr().err
+
+
+def test_an_accelerate_config_file_fills_in_what_the_command_line_left_out(tmp_path):
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nmixed_precision: bf16\n"
+        "num_processes: 4\nnum_machines: 1\nuse_cpu: true\ngpu_ids: all\nfsdp_config: {}\n"
+    )
+    args = parse("--config_file", str(config), "--num_processes", "2", "t.py")
+    launch_args.apply_config_file(args)
+    assert (args.mixed_precision, args.num_processes, args.cpu, args.gpu_ids) == ("bf16", 2, True, "all")
+    config.write_text("distributed_type: DEEPSPEED\n")
+    with pytest.raises(ValueError, match="DEEPSPEED is not supported"):
+        launch_args.apply_config_file(parse("--config_file", str(config), "t.py"))
+    with pytest.raises(ValueError, match="no such file"):
+        launch_args.apply_config_file(parse("--config_file", str(tmp_path / "missing.yaml"), "t.py"))
+
+
+def test_the_default_config_file_is_accelerates(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    assert launch_args.default_config_file() == str(tmp_path / "accelerate" / "default_config.yaml")
+    args = parse("t.py")
+    launch_args.apply_config_file(args)  # no default file: nothing changes
+    assert args.mixed_precision is None
+    (tmp_path / "accelerate").mkdir()
+    (tmp_path / "accelerate" / "default_config.yaml").write_text("mixed_precision: fp16\n")
+    launch_args.apply_config_file(args)
+    assert args.mixed_precision == "fp16"
+
+
+def test_exit_codes_of_processes():
+    assert launch.process_exit_code(3) == 3
+    assert launch.process_exit_code(-9) == 137  # killed by SIGKILL, as a shell says it
+    assert launch.process_exit_code(None) == 1
+    failures = {1: SimpleNamespace(kind="exit", exitcode=4), 0: SimpleNamespace(kind="exit", exitcode=5)}
+    assert simulate.exit_code(failures) == 4  # the first listed: the likely cause
+    assert simulate.exit_code({0: SimpleNamespace(kind="exception")}) == 1
+    assert simulate.exit_code({0: SimpleNamespace(kind="signal", exitcode=-9)}) == 137
+
+
 def test_accel_options_travel_as_environment_variables():
     env = launch.accel_env(parse("--mixed_precision", "bf16", "--cpu", "--debug", "t.py"))
     assert env == {"ACCEL_MIXED_PRECISION": "bf16", "ACCEL_USE_CPU": "1", "ACCEL_DEBUG_MODE": "1"}
     assert launch.accel_env(parse("t.py")) == {}
+    env = launch.accel_env(parse("--tpu", "--mixed_precision", "bf16", "--downcast_bf16", "t.py"))
+    assert env["XLA_DOWNCAST_BF16"] == "1"
 
 
 def test_bad_invocations_are_refused(tmp_path, capsys):
@@ -122,16 +236,18 @@ def test_run_script_runs_main_with_its_argv(tmp_path, monkeypatch):
         import os, sys, helper
         if __name__ == "__main__":
             open({str(out)!r}, "w").write(" ".join(sys.argv[1:]) + "|" + helper.VALUE + "|" + os.environ["ACCEL_X"])
-            sys.exit(int(sys.argv[1]))
+            if sys.argv[1] != "0":
+                sys.exit(int(sys.argv[1]))
     """)
     )
     monkeypatch.delenv("ACCEL_X", raising=False)
     argv, path = sys.argv[:], sys.path[:]
-    launch.run_script(str(script), ["0", "b"], {"ACCEL_X": "y"})
+    simulate.run_script(str(script), ["0", "b"], {"ACCEL_X": "y"})
     assert out.read_text() == "0 b|from the script directory|y"
     assert sys.argv == argv and sys.path == path
-    with pytest.raises(launch.ScriptExit, match="status 3"):
-        launch.run_script(str(script), ["3"], {})
+    with pytest.raises(SystemExit) as exit_:  # the rank then ends with that code
+        simulate.run_script(str(script), ["3"], {})
+    assert exit_.value.code == 3
     sys.modules.pop("helper", None)
 
 
@@ -147,7 +263,7 @@ def test_failures_are_reported_once_per_rank_with_a_prefix():
         1: SimpleNamespace(kind="exit", exitcode=3),
         3: SimpleNamespace(kind="timeout", stack="  File 'a.py', line 1, in wait"),
     }
-    text = launch.format_failures(failures, world_size=5, stopped={4: SimpleNamespace(kind="stopped")})
+    text = simulate.format_failures(failures, world_size=5, stopped={4: SimpleNamespace(kind="stopped")})
     lines = text.splitlines()
     assert lines[:3] == ["[rank 2] Traceback (most recent call last):", "[rank 2]   boom", "[rank 2] ValueError: x"]
     assert lines[3] == "[rank 0] killed by signal SIGKILL"

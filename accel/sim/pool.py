@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from accel.sim import coverage_support, deadlock, entry, forking, guard, stacks
+from accel.sim import coverage_support, deadlock, entry, forking, guard, output, stacks
 from accel.sim.failures import DistributedFailure, RankFailure
 from accel.sim.messages import ExceptionReport, Port, Ready, RunTask, StartError, Status, Stop, TaskDone
 
@@ -89,7 +89,8 @@ class RankPool:
         self._conns: list[Any] = []
         self._workdir = tempfile.mkdtemp(prefix=f"accel-sim-{device}{world_size}-")
         self._outputs: list[list[Any]] = []
-        self._partial: dict[tuple[int, int], bytes] = {}
+        #: what the ranks print goes live to our stdout/stderr (settings: `accel.sim.output.configure`)
+        self._relay = output.OutputRelay(world_size)
         self._stack_offsets: list[int] = [0] * world_size
         #: size of each rank's stderr file when the current task began
         self._err_offsets: list[int] = [0] * world_size
@@ -383,22 +384,12 @@ class RankPool:
             return 0
 
     def relay(self, final: bool = False) -> None:
-        """Copy what the ranks printed to our stdout/stderr, each line prefixed with its rank."""
+        """Copy what the ranks printed since the last call to our stdout/stderr (see `accel.sim.output`)."""
         for rank, files in enumerate(self._outputs):
-            for index, (handle, stream) in enumerate(zip(files, (sys.stdout, sys.stderr))):
-                data = self._partial.pop((rank, index), b"") + handle.read()
-                if not data:
-                    continue
-                lines = data.split(b"\n")
-                rest = lines.pop()
-                if rest and not final:
-                    self._partial[(rank, index)] = rest
-                elif rest:
-                    lines.append(rest)
-                if lines and stream is not None:
-                    prefix = f"[rank {rank}] "
-                    stream.write("".join(prefix + line.decode(errors="replace") + "\n" for line in lines))
-                    stream.flush()
+            for index, handle in enumerate(files):
+                data = handle.read()
+                if data or final:
+                    self._relay.feed(rank, index, data, final)
 
 
 #: variables that describe the parent's current moment, not an environment to start from

@@ -1,0 +1,221 @@
+"""`accel launch --simulate`: the script on N simulated ranks of `accel.sim.launch`.
+
+What the ranks print streams live (`accel.sim.output`), each line prefixed ``[rank N]``
+unless a single rank is shown; each failing rank's report is printed once, prefixed
+the same way; the exit code is that of the first failing rank (`sys.exit(3)` -> 3).
+There is no time limit unless `--timeout` is given. Ctrl-C stops every rank and says
+so in one line. `--max_restarts N` runs the script again on fresh ranks after a
+failure, up to N times, with `TORCHELASTIC_RESTART_COUNT` set as torchrun sets it;
+faults given with `--fault` are injected in the first attempt only, as a lost node
+or a crash would happen once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import shutil
+import signal
+import sys
+from typing import Any
+
+from accel.sim import output
+
+#: Ctrl-C (and SIGTERM) end a simulated run with this exit code, as a shell reports SIGINT
+INTERRUPTED_EXIT_CODE = 130
+#: the resource tracker's end-of-run warning, left out (see `_quiet_resource_tracker`)
+_TRACKER_WARNING_FILTER = "ignore:resource_tracker:UserWarning"
+
+
+def run_script(script: str, script_args: list[str], env: dict[str, str], module: bool = False) -> None:
+    """Run `script` as `__main__` in this (simulated) rank, as `python script ARGS` (or `-m`) would.
+
+    `sys.exit(code)` in the script ends the rank with that code.
+    """
+    from accel.sim.worker import hide_frames_of
+
+    # A failing rank's traceback then starts at the script, not in this runner.
+    hide_frames_of(__file__)
+    hide_frames_of(runpy.run_path.__code__.co_filename)  # "<frozen runpy>" on 3.11+
+    os.environ.update(env)
+    if "OMP_NUM_THREADS" in env:
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [script, *script_args]
+    sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(script)))
+    try:
+        if module:
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
+    """Run the script of `args` on `--num_processes` simulated ranks, restarting as asked; the exit code."""
+    from accel.sim import DistributedFailure
+
+    world_size = args.num_processes or 2
+    try:
+        shown = output.parse_ranks(args.local_ranks_filter) if args.local_ranks_filter else None
+        faults = _faults(args.fault, world_size)
+    except ValueError as error:
+        print(f"accel launch: {error}", file=sys.stderr)
+        return 2
+    if shown is not None and not shown & set(range(world_size)):
+        print(
+            f"accel launch: --local_ranks_filter {args.local_ranks_filter} names no rank of {world_size}",
+            file=sys.stderr,
+        )
+        return 2
+    output.configure(shown, prefix=None)
+    _quiet_resource_tracker()
+    env = {**env, **_terminal_env(world_size, shown)}
+    script = args.script if args.module else os.path.abspath(args.script)
+    timeout = args.timeout or None  # None: no limit (a deadlock still ends the run)
+    for attempt in range(args.max_restarts + 1):
+        attempt_env = {
+            **env,
+            "TORCHELASTIC_RESTART_COUNT": str(attempt),
+            "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
+        }
+        try:
+            with _interruptible():
+                _launch(script, args, attempt_env, world_size, timeout, faults if attempt == 0 else ())
+            return 0
+        except KeyboardInterrupt:
+            sys.stdout.flush()
+            print(f"accel launch: interrupted; stopped all {world_size} ranks", file=sys.stderr)
+            return INTERRUPTED_EXIT_CODE
+        except DistributedFailure as failure:
+            sys.stdout.flush()
+            print(format_failures(failure.failures, world_size, getattr(failure, "stopped", None)), file=sys.stderr)
+            if attempt < args.max_restarts:
+                print(
+                    f"accel launch: restarting all {world_size} ranks (restart {attempt + 1} of {args.max_restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
+            return exit_code(failure.failures)
+    raise AssertionError("unreachable: every attempt returns")
+
+
+def _launch(
+    script: str, args: argparse.Namespace, env: dict[str, str], world_size: int, timeout: float | None, faults: tuple
+) -> None:
+    from accel.sim import launch
+
+    options: dict[str, Any] = {}
+    if faults:
+        options["faults"] = list(faults)
+    launch(
+        run_script,
+        args=(script, list(args.script_args), env, bool(args.module)),
+        world_size=world_size,
+        device=args.simulate,
+        timeout=timeout,
+        isolated=True,
+        **options,
+    )
+
+
+def _faults(specs: list[str], world_size: int) -> tuple:
+    if not specs:
+        return ()
+    from accel.sim import faults
+
+    return faults.as_faults(list(specs), world_size)
+
+
+class _interruptible:
+    """Ctrl-C (SIGINT) or SIGTERM raise KeyboardInterrupt once; later ones wait until the ranks are stopped.
+
+    The ranks run in process groups of their own (the terminal's Ctrl-C reaches only
+    us): the launch's clean-up kills them.
+    """
+
+    def __enter__(self) -> None:
+        self._previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in self._previous:
+            signal.signal(sig, self._interrupt)
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        for sig in self._previous:
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _quiet_resource_tracker() -> None:
+    """Keep multiprocessing's resource tracker from blaming the user's script for our rank kills.
+
+    Semaphores a rank creates (tqdm makes one for its lock) are registered with the
+    tracker; the rank ends by SIGKILL or `os._exit`, by design, so it never unregisters
+    them, and at the end of the run the tracker releases them and warns "leaked
+    semaphore objects". The tracker is started by this process with its warning
+    options, so this filter, set before the first launch, silences that one warning.
+    """
+    if _TRACKER_WARNING_FILTER not in sys.warnoptions:
+        sys.warnoptions.append(_TRACKER_WARNING_FILTER)
+
+
+def _terminal_env(world_size: int, shown: frozenset[int] | None) -> dict[str, str]:
+    """On a terminal, tell the ranks its width less the rank prefix, so that a progress bar fits one line."""
+    if "COLUMNS" in os.environ or not sys.stderr.isatty():
+        return {}
+    prefixed = len(shown) != 1 if shown is not None else world_size != 1
+    width = shutil.get_terminal_size().columns - (len(f"[rank {world_size - 1}] ") if prefixed else 0)
+    return {"COLUMNS": str(max(width, 20))}
+
+
+def exit_code(failures: dict[int, Any]) -> int:
+    """The exit code of the first failing rank (the likely cause, listed first): its own, 128 + a signal, or 1."""
+    from accel.commands.launch import process_exit_code
+
+    first = next(iter(failures.values()), None)
+    if first is None:
+        return 1
+    kind = getattr(first, "kind", "exception")
+    if kind in ("exit", "signal"):
+        return process_exit_code(first.exitcode)
+    return 1
+
+
+def describe_failure(failure: Any) -> str:
+    """What went wrong on one rank, in the words a user needs (traceback, exit code, signal, stack)."""
+    kind = getattr(failure, "kind", "exception")
+    if kind == "exit":
+        text = f"exited with code {failure.exitcode}"
+    elif kind == "signal":
+        text = f"killed by signal {failure.signal_name}"
+    elif kind == "timeout":
+        text = "timed out" + (
+            f"; its stack at that moment:\n{failure.stack}" if failure.stack else " (no stack captured)"
+        )
+    elif kind == "deadlock":
+        text = f"{failure.headline()}\n{failure.stack}"
+    else:
+        text = failure.traceback or f"{failure.exc_type}: {failure.message}"
+    return text.rstrip("\n")
+
+
+def format_failures(failures: dict[int, Any], world_size: int, stopped: dict[int, Any] | None = None) -> str:
+    """Every failing rank's report (in the launcher's order: likely cause first), each line
+    prefixed `[rank N]`; then one line per rank stopped because of them; then a summary."""
+    blocks = []
+    for rank, failure in failures.items():
+        lines = describe_failure(failure).splitlines() or [""]
+        blocks.append("\n".join(f"[rank {rank}] {line}" for line in lines))
+    for rank in sorted(stopped or {}):
+        blocks.append(f"[rank {rank}] stopped: still running after another rank had failed")
+    ranks = ", ".join(str(rank) for rank in sorted(failures))
+    blocks.append(f"accel launch: {len(failures)} of {world_size} ranks failed (rank {ranks})")
+    return "\n".join(blocks)
