@@ -6,10 +6,13 @@ keeps that schedule's length whatever the setup:
 - it does not advance when the optimizer did not step (inside an accumulation window,
   or a step the fp16 scaler skipped);
 - without `split_batches`, each step of N processes consumes N batches of the
-  one-process run, so it advances N times;
-- with `GradientAccumulationPlugin(adjust_scheduler=True)`, a step that closes a window
-  of k batches advances k times (the batches of the window), so the schedule does not
-  need rewriting for accumulation.
+  one-process run, so it advances N times.
+
+Under gradient accumulation it therefore advances N times per optimizer step, as
+Accelerate 1.15 does: a schedule is sized in optimizer steps (times N). Accelerate's
+`adjust_scheduler` only ever touches a private counter of torch's scheduler and never
+the learning rate (in 1.15 its default value does not even reach the scheduler), so it
+changes nothing here either; see docs/compat.md.
 """
 
 from __future__ import annotations
@@ -39,24 +42,19 @@ class AcceleratedScheduler:
         self.split_batches = split_batches
         self.gradient_state = GradientState()
         self._processes_factor = 1 if split_batches else AcceleratorState().num_processes
-        self._batches_in_window = 0
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        """Advance the schedule by the number of one-process batches the last optimizer step covered."""
+        """Advance the schedule once per process (once with `split_batches`) if the optimizer really stepped."""
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
-        self._batches_in_window += 1
         if not self.gradient_state.sync_gradients:
             return
-        batches, self._batches_in_window = self._batches_in_window, 0
         for opt in self.optimizers:
             if getattr(opt, "step_was_skipped", False):
                 return
-        if not self.gradient_state.adjust_scheduler:
-            batches = 1
         total_steps = getattr(self.scheduler, "total_steps", None)
-        for _ in range(batches * self._processes_factor):
+        for _ in range(self._processes_factor):
             # Schedules with a fixed length (OneCycleLR) raise past their end: stop there.
             if total_steps is not None and self.scheduler.last_epoch >= total_steps:
                 break

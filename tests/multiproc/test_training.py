@@ -81,7 +81,7 @@ def test_training_matches_one_process_with_the_global_batch(world_size, case):
     assert syncs == SAMPLES // (per_rank * world_size * accumulation)
 
     expected = _reference_training(per_rank * world_size * accumulation)
-    for p, q in zip(acc.unwrap_model(model).parameters(), expected.parameters()):
+    for p, q in zip(acc.unwrap_model(model).parameters(), expected.parameters(), strict=True):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=tol, atol=tol)
     rows = _params_on_every_rank(acc, model)
     assert all(torch.equal(rows[0], row) for row in rows)
@@ -220,7 +220,7 @@ def test_clipping_sees_the_gradients_of_the_global_batch(rank, world_size):
     expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm=0.5)
     torch.optim.SGD(reference.parameters(), lr=0.05).step()
     torch.testing.assert_close(norm.cpu(), expected, rtol=1e-5, atol=1e-6)
-    for p, q in zip(acc.unwrap_model(model).parameters(), reference.parameters()):
+    for p, q in zip(acc.unwrap_model(model).parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
 
 
@@ -249,3 +249,50 @@ def test_join_with_uneven_batches_from_a_prepared_loader(rank, world_size):
     assert len(list(loader)) == 5  # even again: every rank 5 batches
     rows = _params_on_every_rank(acc, model)
     assert all(torch.allclose(rows[0], row) for row in rows)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["per-process", "split"])
+@distributed_test(world_size=SIZES, device=DEVICES, timeout=120)
+def test_scheduler_learning_rates_equal_accelerates_under_accumulation(world_size, split):
+    """Our prepared scheduler and Accelerate 1.15's `AcceleratedScheduler`, stepped side by side on every batch."""
+    import types
+
+    accelerate_scheduler = pytest.importorskip("accelerate.scheduler")
+    from accelerate.state import GradientState as PeerGradientState
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from accel.accelerator import Accelerator
+
+    acc = Accelerator(gradient_accumulation_steps=3, split_batches=split)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+    loader = DataLoader(TensorDataset(*_data(24 * world_size)), batch_size=2 * world_size if split else 2)
+    model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
+
+    # The peer's scheduler over a twin schedule. It reads the number of processes from
+    # its own AcceleratorState, which is not running here: answer for it.
+    twin_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    twin = torch.optim.lr_scheduler.LambdaLR(twin_opt, lambda s: 1.0 / (s + 1))
+    original_state = accelerate_scheduler.AcceleratorState
+    accelerate_scheduler.AcceleratorState = lambda: types.SimpleNamespace(num_processes=world_size)
+    try:
+        peer = accelerate_scheduler.AcceleratedScheduler(twin, opt, split_batches=split)
+        peer_gradient_state = PeerGradientState()
+        ours, theirs = [], []
+        for inputs, targets in loader:
+            with acc.accumulate(model):
+                acc.backward(torch.nn.functional.mse_loss(model(inputs), targets))
+                opt.step()
+                sched.step()
+                peer_gradient_state.sync_gradients = acc.sync_gradients  # its setter would start its XLA state
+                peer.step()
+                opt.zero_grad()
+            ours.append(sched.get_last_lr()[0])
+            theirs.append(peer.get_last_lr()[0])
+    finally:
+        accelerate_scheduler.AcceleratorState = original_state
+        PeerGradientState._reset_state()
+    assert len(ours) == 12 and ours == pytest.approx(theirs, rel=1e-12)
+    # 4 optimizer steps, each advancing once per process (once with split batches)
+    assert sched.scheduler.last_epoch == 4 * (1 if split else world_size)
