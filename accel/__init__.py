@@ -3,6 +3,8 @@
 Public names are imported on first use, so `import accel` costs next to nothing.
 """
 
+from typing import TYPE_CHECKING
+
 from accel._lazy import lazy_exports
 
 __version__ = "0.1.0"
@@ -11,14 +13,19 @@ _EXPORTS = {
     "accel.accelerator": ["Accelerator"],
     "accel.state": ["PartialState", "AcceleratorState", "GradientState", "reset_state"],
     "accel.data_loader": ["prepare_data_loader", "skip_first_batches"],
+    "accel.launchers": ["debug_launcher", "notebook_launcher"],
     "accel.optimizer": ["AcceleratedOptimizer"],
     "accel.scheduler": ["AcceleratedScheduler"],
     "accel.logging": ["get_logger"],
+    "accel.utils.memory": ["find_executable_batch_size"],
+    "accel.utils.random": ["synchronize_rng_states"],
+    "accel.utils.imports": ["is_rich_available"],
     "accel.utils.dataclasses": [
         "DistributedType",
         "RNGType",
         "AutocastKwargs",
         "DistributedDataParallelKwargs",
+        "DDPCommunicationHookType",
         "GradScalerKwargs",
         "InitProcessGroupKwargs",
         "ProfileKwargs",
@@ -28,5 +35,60 @@ _EXPORTS = {
         "ProjectConfiguration",
     ],
 }
+
+
+# isort: off
+if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (tests keep them equal)
+    from accel.accelerator import (
+        Accelerator as Accelerator,
+    )
+    from accel.state import (
+        PartialState as PartialState,
+        AcceleratorState as AcceleratorState,
+        GradientState as GradientState,
+        reset_state as reset_state,
+    )
+    from accel.data_loader import (
+        prepare_data_loader as prepare_data_loader,
+        skip_first_batches as skip_first_batches,
+    )
+    from accel.launchers import (
+        debug_launcher as debug_launcher,
+        notebook_launcher as notebook_launcher,
+    )
+    from accel.optimizer import (
+        AcceleratedOptimizer as AcceleratedOptimizer,
+    )
+    from accel.scheduler import (
+        AcceleratedScheduler as AcceleratedScheduler,
+    )
+    from accel.logging import (
+        get_logger as get_logger,
+    )
+    from accel.utils.memory import (
+        find_executable_batch_size as find_executable_batch_size,
+    )
+    from accel.utils.random import (
+        synchronize_rng_states as synchronize_rng_states,
+    )
+    from accel.utils.imports import (
+        is_rich_available as is_rich_available,
+    )
+    from accel.utils.dataclasses import (
+        DistributedType as DistributedType,
+        RNGType as RNGType,
+        AutocastKwargs as AutocastKwargs,
+        DistributedDataParallelKwargs as DistributedDataParallelKwargs,
+        DDPCommunicationHookType as DDPCommunicationHookType,
+        GradScalerKwargs as GradScalerKwargs,
+        InitProcessGroupKwargs as InitProcessGroupKwargs,
+        ProfileKwargs as ProfileKwargs,
+        FP8RecipeKwargs as FP8RecipeKwargs,
+        GradientAccumulationPlugin as GradientAccumulationPlugin,
+        DataLoaderConfiguration as DataLoaderConfiguration,
+        ProjectConfiguration as ProjectConfiguration,
+    )
+# isort: on
+
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

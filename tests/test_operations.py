@@ -1,6 +1,8 @@
 """Single-process tests of the operations on nested structures (multi-rank ones: tests/multiproc/)."""
 
 import collections
+import pickle
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -9,14 +11,21 @@ from hypothesis import strategies as st
 
 from accel.utils import operations as ops
 from accel.utils.operations import (
+    CannotPadNestedTensorWarning,
     TensorInformation,
     concatenate,
+    convert_outputs_to_fp32,
+    convert_to_fp32,
     find_batch_size,
+    find_device,
     gather,
     gather_object,
     get_data_structure,
     initialize_tensors,
+    is_namedtuple,
+    listify,
     pad_across_processes,
+    pad_input_tensors,
     recursively_apply,
     reduce,
     send_to_device,
@@ -45,7 +54,7 @@ def assert_same(a, b):
             assert_same(a[k], b[k])
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert_same(x, y)
     else:
         assert a == b
@@ -83,8 +92,17 @@ def test_reduce_returns_new_tensors_scaled():
 
 
 def test_reduce_rejects_unknown_reduction():
-    with pytest.raises(ValueError, match="'max'.*use 'sum', 'mean' or 'none'"):
-        reduce(torch.ones(1), "max")
+    with pytest.raises(ValueError, match="'avg'.*use one of mean, sum, max, min, none"):
+        reduce(torch.ones(1), "avg")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "max", "min", "none"])
+def test_single_process_reduce_matches_accelerate(reduction, peer_state):
+    from accelerate.utils import reduce as peer_reduce
+
+    data = {"a": torch.arange(4.0), "b": [torch.tensor([3, 1])]}
+    ours, theirs = reduce(data, reduction), peer_reduce(data, reduction)
+    assert torch.equal(ours["a"], theirs["a"]) and torch.equal(ours["b"][0], theirs["b"][0])
 
 
 def test_send_to_device_moves_tensors_and_skips_keys():
@@ -122,14 +140,26 @@ def test_find_batch_size():
 
 
 def test_concatenate_and_slice():
-    data = nested()
+    data = {"ids": torch.arange(6).view(3, 2), "rest": [torch.ones(3), Pair(torch.zeros(3, 1), torch.ones(3))]}
     both = concatenate([data, data])
     assert both["ids"].shape == (6, 2) and both["rest"][1].first.shape == (6, 1)
-    assert both["note"] == "text"
     first = slice_tensors(both, slice(0, 3))
-    assert_same(first, {**data})
+    assert_same(first, data)
     with pytest.raises(ValueError, match="at least one"):
         concatenate([])
+
+
+def test_concatenate_refuses_non_tensor_leaves_as_accelerate_does():
+    from accelerate.utils import concatenate as peer_concatenate
+
+    batches = [{"x": torch.ones(2), "name": "a"}, {"x": torch.ones(2), "name": "b"}]
+    with pytest.raises(TypeError, match="can only concatenate tensors"):
+        concatenate(batches)
+    with pytest.raises(TypeError):
+        peer_concatenate(batches)
+    # One batch: its non-tensor values come back as they are, in both libraries.
+    single = [{"x": torch.ones(2), "name": "a"}]
+    assert concatenate(single)["name"] == peer_concatenate(single)["name"] == "a"
 
 
 @settings(max_examples=30, deadline=None)
@@ -153,3 +183,112 @@ def test_pad_helper_pads_where_asked():
     assert end[2:].eq(-1).all() and end[:2].eq(1).all()
     assert start[:, :2].eq(7).all() and start[:, 2:].eq(1).all()
     assert ops._pad(t, 2, 9, 0, False) is t
+
+
+@pytest.fixture
+def peer_state():
+    """Accelerate's own (single-process) state, for side-by-side comparisons; reset afterwards."""
+    from accelerate.state import AcceleratorState as PeerAcceleratorState
+    from accelerate.state import PartialState as PeerState
+
+    yield PeerState(cpu=True)
+    PeerAcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_is_namedtuple_matches_accelerate():
+    from accelerate.utils import is_namedtuple as peer
+
+    class Typed(NamedTuple):
+        a: int
+
+    for value in [Pair(1, 2), Typed(1), (1, 2), [1, 2], {"a": 1}, torch.ones(1), "ab"]:
+        assert is_namedtuple(value) == peer(value)
+    assert is_namedtuple(Pair(1, 2)) and is_namedtuple(Typed(1)) and not is_namedtuple((1, 2))
+
+
+nested_values = st.recursive(
+    st.one_of(
+        st.builds(
+            lambda shape, dtype: torch.randn(tuple(shape)).to(dtype),
+            st.lists(st.integers(0, 3), max_size=3),
+            st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.float64]),
+        ),
+        st.integers(-5, 5),
+        st.text(max_size=3),
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.tuples(children, children).map(lambda pair: Pair(*pair)),
+        st.dictionaries(st.sampled_from("abc"), children, max_size=3),
+    ),
+    max_leaves=8,
+)
+
+
+def _equal(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _equal(x, y)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _equal(a[k], b[k])
+    else:
+        assert a == b
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=nested_values)
+def test_listify_convert_to_fp32_and_find_device_match_accelerate(data):
+    from accelerate.utils import convert_to_fp32 as peer_fp32
+    from accelerate.utils import find_device as peer_find_device
+    from accelerate.utils import listify as peer_listify
+
+    assert listify(data) == peer_listify(data)
+    converted = convert_to_fp32(data)
+    _equal(converted, peer_fp32(data))
+    assert all(t.dtype not in (torch.float16, torch.bfloat16) for t in ops._leaves(converted, []))
+    assert find_device(data) == peer_find_device(data)
+
+
+def test_listify_gives_plain_numbers():
+    out = listify({"a": torch.tensor([[1.5, 2.0]], dtype=torch.bfloat16), "b": (torch.tensor(3),)})
+    assert out == {"a": [[1.5, 2.0]], "b": (3,)}
+    assert find_device({"none": 1}) is None
+
+
+def test_convert_outputs_to_fp32_wraps_a_forward():
+    model = torch.nn.Linear(2, 2).half()
+    forward = convert_outputs_to_fp32(model.forward)
+    out = forward(torch.ones(1, 2, dtype=torch.float16))
+    assert out.dtype == torch.float32
+    assert forward.__wrapped__.model_forward == model.forward
+    with pytest.raises(pickle.PicklingError, match="unwrap_model"):
+        pickle.dumps(forward.__wrapped__)
+
+
+@settings(max_examples=80, deadline=None)
+@given(batch_size=st.integers(1, 17), num_processes=st.integers(1, 8), features=st.integers(1, 3))
+def test_pad_input_tensors_matches_accelerate(batch_size, num_processes, features):
+    from accelerate.utils import pad_input_tensors as peer
+
+    batch = {"x": torch.arange(batch_size * features).view(batch_size, features), "y": [torch.ones(batch_size)]}
+    ours, theirs = pad_input_tensors(batch, batch_size, num_processes), peer(batch, batch_size, num_processes)
+    _equal(ours, theirs)
+    assert torch.equal(ours["x"][:batch_size], batch["x"])  # the inputs come first, unchanged
+    assert not ours["x"][batch_size:].any()  # the padding is zeros
+
+
+def test_pad_input_tensors_refuses_non_tensors():
+    with pytest.raises(TypeError, match="Unsupported type str"):
+        pad_input_tensors({"x": torch.ones(3), "s": "text"}, 3, 2)
+
+
+def test_cannot_pad_nested_tensor_warning_is_a_user_warning():
+    from accelerate.utils import CannotPadNestedTensorWarning as Peer
+
+    assert issubclass(CannotPadNestedTensorWarning, UserWarning) and issubclass(Peer, UserWarning)

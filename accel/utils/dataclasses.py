@@ -6,7 +6,8 @@ import copy
 import dataclasses
 import datetime
 import enum
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
@@ -22,12 +23,65 @@ class _StrEnum(str, enum.Enum):
 
 
 class DistributedType(_StrEnum):
-    """How the current run is distributed."""
+    """How the current run is distributed.
+
+    All of Accelerate's members exist, so that comparisons in user code keep working;
+    runs happen only as `NO`, `MULTI_CPU`, `MULTI_GPU` or `XLA` (`supported()`), and a
+    run that would need another one fails with `require_supported`.
+    """
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
     XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+
+    @classmethod
+    def supported(cls) -> tuple[DistributedType, ...]:
+        """The kinds of run accel can carry out."""
+        return (cls.NO, cls.MULTI_CPU, cls.MULTI_GPU, cls.XLA)
+
+    def require_supported(self, reason: str = "") -> DistributedType:
+        """Return this member if accel can run it; otherwise raise NotImplementedError saying what to do."""
+        if self in self.supported():
+            return self
+        because = f" ({reason})" if reason else ""
+        raise NotImplementedError(
+            f"DistributedType.{self.name} is not supported by accel{because}: it runs "
+            f"{', '.join(m.value for m in self.supported())} only. Use plain DDP on CPUs/GPUs or XLA, "
+            "or run this script with Hugging Face Accelerate itself."
+        )
+
+
+#: environment variables (of Accelerate, or ours) that ask for an engine accel does not have
+UNSUPPORTED_ENGINE_ENV = {
+    "USE_DEEPSPEED": DistributedType.DEEPSPEED,
+    "USE_FSDP": DistributedType.FSDP,
+    "USE_MEGATRON_LM": DistributedType.MEGATRON_LM,
+}
+
+
+def check_engine_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Raise if `ACCELERATE_USE_DEEPSPEED`/`_FSDP`/`_MEGATRON_LM` (or `ACCEL_USE_...`) asks for an engine we lack.
+
+    A launcher configured for Accelerate sets these; running such a script as plain DDP
+    would silently train something else than asked, so it is an error.
+    """
+    environ = os.environ if environ is None else environ
+    for suffix, kind in UNSUPPORTED_ENGINE_ENV.items():
+        for prefix in ("ACCELERATE_", "ACCEL_"):
+            value = environ.get(prefix + suffix, "").strip().lower()
+            if value in ("1", "true", "yes", "on", "y", "t"):
+                kind.require_supported(f"{prefix}{suffix}={environ[prefix + suffix]} asks for it")
 
 
 class RNGType(_StrEnum):

@@ -1,8 +1,14 @@
-"""Reading configuration from environment variables."""
+"""Reading configuration from environment variables, and changing them for a while (tests, launchers)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import platform
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
@@ -30,3 +36,117 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"environment variable {name}={raw!r} must be an integer") from None
+
+
+@contextlib.contextmanager
+def clear_environment() -> Iterator[None]:
+    """Run the block with an empty `os.environ`; the previous environment is back afterwards, exactly."""
+    saved = os.environ.copy()
+    os.environ.clear()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs: Any) -> Iterator[None]:
+    """Set environment variables for the duration of the block.
+
+    Names are upper-cased and values converted with `str`; on exit each variable gets its
+    previous value back, or is removed if it did not exist.
+    """
+    saved: dict[str, str | None] = {}
+    for key, value in kwargs.items():
+        key = key.upper()
+        saved.setdefault(key, os.environ.get(key))
+        os.environ[key] = str(value)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+#: prefixes of the variables `purge_accelerate_environment` restores: Accelerate's and ours
+PURGED_PREFIXES = ("ACCELERATE_", "ACCEL_")
+
+_PURGED_MARK = "_accel_purged_environment"
+
+
+@contextlib.contextmanager
+def _restored_prefixed_variables() -> Iterator[None]:
+    before = {k: v for k, v in os.environ.items() if k.startswith(PURGED_PREFIXES)}
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith(PURGED_PREFIXES)]:
+            if key not in before:
+                del os.environ[key]
+        os.environ.update(before)
+
+
+def _purging(func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _restored_prefixed_variables():
+            return func(*args, **kwargs)
+
+    setattr(wrapper, _PURGED_MARK, True)
+    return wrapper
+
+
+def _purge_test_methods(cls: type) -> type:
+    for name in dir(cls):
+        method = getattr(cls, name)
+        if name.startswith("test") and callable(method) and not getattr(method, _PURGED_MARK, False):
+            setattr(cls, name, _purging(method))
+    return cls
+
+
+def purge_accelerate_environment(func_or_cls: Any) -> Any:
+    """Decorator: whatever `ACCELERATE_*` / `ACCEL_*` variables the function (or each `test*` method of the
+    class and of its subclasses) sets or changes are restored when it returns.
+
+    Meant for tests: a helper that sets e.g. `ACCEL_MIXED_PRECISION=fp16` must not leak
+    into the next test.
+    """
+    if not isinstance(func_or_cls, type):
+        return _purging(func_or_cls)
+    _purge_test_methods(func_or_cls)
+    previous = func_or_cls.__dict__.get("__init_subclass__")
+
+    def __init_subclass__(sub: type, **kwargs: Any) -> None:
+        if previous is not None:
+            previous.__func__(sub, **kwargs)
+        _purge_test_methods(sub)
+
+    func_or_cls.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]  # hooking subclassing
+    return func_or_cls
+
+
+#: oldest Linux kernel on which multi-process runs are known not to hang
+MIN_KERNEL = (5, 5, 0)
+
+
+def check_os_kernel() -> None:
+    """Warn (main process only) when the Linux kernel is older than 5.5, where distributed runs can hang."""
+    info = platform.uname()
+    if info.system != "Linux":
+        return
+    found = re.search(r"(\d+)\.(\d+)\.(\d+)", info.release)
+    if found is None:
+        return
+    version = tuple(int(part) for part in found.groups())
+    if version < MIN_KERNEL:
+        from accel.logging import get_logger
+
+        get_logger(__name__).warning(
+            f"Detected kernel version {'.'.join(map(str, version))}, older than the recommended minimum "
+            f"{'.'.join(map(str, MIN_KERNEL))}: processes can hang. Upgrade the kernel to avoid it.",
+            main_process_only=True,
+        )

@@ -12,6 +12,9 @@ of hanging or returning garbage.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import pickle
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,8 +34,16 @@ def is_tensor(obj: Any) -> bool:
     return isinstance(obj, torch.Tensor)
 
 
-def _is_namedtuple(obj: Any) -> bool:
-    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+class CannotPadNestedTensorWarning(UserWarning):
+    """`pad_across_processes` met a nested (ragged) tensor, which it cannot pad, and returned it as it is."""
+
+
+def is_namedtuple(data: Any) -> bool:
+    """Whether `data` is an instance of a `collections.namedtuple` (or `typing.NamedTuple`) class."""
+    return isinstance(data, tuple) and hasattr(data, "_asdict") and hasattr(data, "_fields")
+
+
+_is_namedtuple = is_namedtuple
 
 
 def _rebuild(container: Any, items: Any) -> Any:
@@ -104,7 +115,7 @@ def _leaves(data: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def _replace_leaves(data: Any, new: list[torch.Tensor]) -> Any:
+def _replace_leaves(data: Any, new: Sequence[torch.Tensor | None]) -> Any:
     """`data` with its tensors replaced, in visiting order, by those of `new`."""
     it = iter(new)
     return recursively_apply(lambda _t: next(it), data)
@@ -176,7 +187,9 @@ def find_batch_size(data: Any) -> int:
 def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
     """Concatenate a list of structurally identical nested structures tensor by tensor.
 
-    Non-tensor leaves are taken from the first element.
+    A list of one non-tensor leaf gives that leaf back; several non-tensor leaves cannot
+    be concatenated and raise TypeError (as in Accelerate: keeping one of them silently
+    would lose the others).
     """
     if not data:
         raise ValueError("concatenate() needs at least one element")
@@ -185,9 +198,98 @@ def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
         return _rebuild(first, [concatenate([d[i] for d in data], dim=dim) for i in range(len(first))])
     if isinstance(first, Mapping):
         return _rebuild(first, {k: concatenate([d[k] for d in data], dim=dim) for k in first})
-    if not isinstance(first, torch.Tensor):
-        return first  # non-tensor leaves pass through, as in every other operation
-    return torch.cat(list(data), dim=dim)
+    if isinstance(first, torch.Tensor):
+        return torch.cat(list(data), dim=dim)
+    if len(data) == 1:
+        return first
+    raise TypeError(
+        f"concatenate() can only concatenate tensors, got {len(data)} values of type {type(first).__name__}; "
+        "drop or gather the non-tensor values separately (e.g. with gather_object)"
+    )
+
+
+def listify(data: Any) -> Any:
+    """The same nesting with every tensor turned into (nested lists of) Python numbers, e.g. for JSON logs."""
+
+    def to_list(t: torch.Tensor) -> Any:
+        t = t.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            t = t.float()  # .tolist() goes through NumPy-like conversion that has no bfloat16
+        return t.tolist()
+
+    return recursively_apply(to_list, data)
+
+
+def find_device(data: Any) -> torch.device | None:
+    """Device of the first tensor found in a nested structure (None when it holds no tensor)."""
+    leaves = _leaves(data, [])
+    return leaves[0].device if leaves else None
+
+
+def _is_half(obj: Any) -> bool:
+    return hasattr(obj, "dtype") and obj.dtype in (torch.float16, torch.bfloat16)
+
+
+def convert_to_fp32(tensor: Any) -> Any:
+    """The same nesting with every float16/bfloat16 tensor converted to float32 (other leaves unchanged)."""
+    return recursively_apply(lambda t: t.float(), tensor, test_type=_is_half)
+
+
+class ConvertOutputsToFp32:
+    """Callable wrapper of a forward function whose outputs come back in float32 (see `convert_outputs_to_fp32`)."""
+
+    def __init__(self, model_forward: Callable[..., Any]) -> None:
+        self.model_forward = model_forward
+        functools.update_wrapper(self, model_forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return convert_to_fp32(self.model_forward(*args, **kwargs))
+
+    def __getstate__(self) -> Any:
+        raise pickle.PicklingError(
+            "cannot pickle a model prepared for mixed precision (its forward converts outputs to fp32): "
+            "pickle accelerator.unwrap_model(model) instead"
+        )
+
+
+def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a forward function so that its half-precision outputs are returned in float32.
+
+    Used after autocast, so that losses and metrics computed from the outputs are not in
+    half precision. The wrapper's `__wrapped__` is the converter, whose `model_forward`
+    is the original forward (what `extract_model_from_parallel` restores).
+    """
+    converter = ConvertOutputsToFp32(model_forward)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return converter(*args, **kwargs)
+
+    forward.__wrapped__ = converter  # type: ignore[attr-defined]  # functions accept attributes; mypy does not know
+    return forward
+
+
+def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Pad (with zeros, along dim 0) every tensor of a batch of `batch_size` so that `num_processes` can split it.
+
+    Used before splitting an uneven batch between processes: the result's first
+    dimension is what Accelerate's rule gives (a multiple of `num_processes` in the
+    cases that matter, at least `num_processes`); the padding rows are zeros.
+    """
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        per_process = batch_size // num_processes
+        last_inputs = batch_size - per_process * num_processes
+        to_pad = num_processes - batch_size if per_process == 0 else num_processes - per_process
+        # Accelerate's rule, kept for identical shapes: a non-positive `to_pad` is turned around.
+        if last_inputs > to_pad and to_pad < 1:
+            to_pad = last_inputs - to_pad
+        shape = list(t.shape)
+        shape[0] = batch_size + to_pad
+        out = t.new_zeros(shape)
+        out.narrow(dim, 0, t.shape[dim]).copy_(t)
+        return out
+
+    return recursively_apply(pad, tensor, error_on_other_type=True)
 
 
 def slice_tensors(
@@ -328,24 +430,28 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
+_REDUCTIONS = ("mean", "sum", "max", "min", "none")
+
+
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
-    """Reduce every tensor of a nested structure across processes: "sum", "mean" or "none".
+    """Reduce every tensor of a nested structure across processes: "mean", "sum", "max", "min" or "none".
 
     Returns new tensors (the inputs are left untouched); the result is multiplied by
     `scale`. "mean" of integer tensors gives floating-point tensors.
     """
-    if reduction not in ("sum", "mean", "none"):
-        raise ValueError(f"reduce(reduction={reduction!r}) is not supported; use 'sum', 'mean' or 'none'")
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduce(reduction={reduction!r}) is not supported; use one of {', '.join(_REDUCTIONS)}")
     state = _state()
     world = state.num_processes
     if world > 1 and reduction != "none" and state.debug:
         _check_shapes(state, tensor, "reduce")
+    op = reduction if reduction in ("max", "min") else "sum"
     tensors = _leaves(tensor, [])
     reduced: list[torch.Tensor | None] = [None] * len(tensors)
     for idx in _packed(tensors).values():
         flat = _flat(tensors, idx).clone()
         if world > 1 and reduction != "none":
-            state.hardware.all_reduce(flat, "sum")
+            state.hardware.all_reduce(flat, op)
         if reduction == "mean" and world > 1:
             flat = flat / world if not flat.is_floating_point() else flat.div_(world)
         if scale != 1.0:
@@ -371,17 +477,27 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     tensors = _leaves(tensor, [])
     if not tensors:
         return tensor
+    nested = [getattr(t, "is_nested", False) for t in tensors]
+    if any(nested):
+        warnings.warn(
+            "pad_across_processes cannot pad nested tensors (their sizes vary inside the tensor): "
+            "they are returned unpadded; pad their components before nesting them",
+            CannotPadNestedTensorWarning,
+            stacklevel=2,
+        )
     sizes = torch.tensor(
-        [t.shape[dim] if t.dim() > dim else -1 for t in tensors], dtype=torch.int64, device=state.device
+        [-1 if n or t.dim() <= dim else t.shape[dim] for t, n in zip(tensors, nested, strict=True)],
+        dtype=torch.int64,
+        device=state.device,
     )
     everyone = state.hardware.all_gather_into(sizes.new_empty(state.num_processes * len(tensors)), sizes)
     largest = everyone.view(state.num_processes, -1).max(dim=0).values.tolist()
-    padded = [_pad(t, dim, size, pad_index, pad_first) for t, size in zip(tensors, largest)]
+    padded = [_pad(t, dim, size, pad_index, pad_first) for t, size in zip(tensors, largest, strict=True)]
     return _replace_leaves(tensor, padded)
 
 
 def _pad(t: torch.Tensor, dim: int, size: int, pad_index: int, pad_first: bool) -> torch.Tensor:
-    if t.dim() <= dim or t.shape[dim] == size:
+    if getattr(t, "is_nested", False) or t.dim() <= dim or t.shape[dim] == size:
         return t
     shape = list(t.shape)
     shape[dim] = size
