@@ -169,14 +169,14 @@ def test_batch_sampler_shards_cover_the_data_as_specified(layout):
     assert [len(s) for s in shards] == [len(b) for b in per_process]
     process_batch = batch // n if split else batch
     global_batch = batch if split else batch * n
-    if drop or even and n > 1:  # one process is left as it is: nothing to even out
+    if drop or even:  # one process too: its short last batch is completed, as in Accelerate
         assert len({len(b) for b in per_process}) == 1
         assert all(len(b) == process_batch for batches in per_process for b in batches)
     gathered = stepwise(per_process)
     padding = shards[0].padding
     assert all(s.padding == padding for s in shards)
     assert gathered[: len(gathered) - padding] == _expected_coverage(length, global_batch, drop)
-    if even and not drop and length and n > 1:
+    if even and not drop and length:
         assert len(gathered) % global_batch == 0 and 0 <= padding < global_batch
         assert gathered[len(gathered) - padding :] == list(itertools.islice(itertools.cycle(range(length)), padding))
     else:
@@ -248,17 +248,44 @@ def test_split_batches_needs_a_divisible_batch_size():
         prepare_data_loader(DataLoader(range(8), batch_size=3), num_processes=2, process_index=0, split_batches=True)
 
 
-def test_varying_batch_sizes_need_even_batches_off():
+def test_varying_batch_sizes_even_out_the_number_of_batches():
     varying = Listed([[0, 1, 2], [3], [4, 5]])
-    with pytest.raises(ValueError, match="even_batches=False"):
-        BatchSamplerShard(varying, 2, 0)
+    # even_batches=True: the last round is completed with whole batches from the start
+    shards = [list(BatchSamplerShard(varying, 2, r)) for r in range(2)]
+    assert shards == [[[0, 1, 2], [4, 5]], [[3], [0, 1, 2]]]
+    assert [len(BatchSamplerShard(varying, 2, r)) for r in range(2)] == [2, 2]
     shards = [list(BatchSamplerShard(varying, 2, r, even_batches=False)) for r in range(2)]
     assert shards == [[[0, 1, 2], [4, 5]], [[3]]]
     declared = Listed([[0, 1, 2], [3], [4, 5, 6]], batch_size=3)
     with pytest.raises(ValueError, match=r"batch_size=3.*a batch of 3 indices after a shorter one"):
         list(BatchSamplerShard(declared, 2, 0))
-    with pytest.raises(ValueError, match="even_batches=False"):
-        prepare_data_loader(DataLoader(range(7), batch_sampler=varying), num_processes=2, process_index=0)
+    loaders = [
+        prepare_data_loader(DataLoader(range(7), batch_sampler=varying), num_processes=2, process_index=r)
+        for r in range(2)
+    ]
+    assert [[b.tolist() for b in loader] for loader in loaders] == [[[0, 1, 2], [4, 5]], [[3], [0, 1, 2]]]
+
+
+@pytest.mark.parametrize("num_processes", [1, 2, 4])
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("even", [False, True])
+@pytest.mark.parametrize("sampler", ["fixed", "varying"])
+def test_batch_sampler_shard_yields_what_accelerates_yields(sampler, even, split, num_processes):
+    from accelerate.data_loader import BatchSamplerShard as PeerShard
+
+    if sampler == "fixed":
+        base = BatchSampler(SequentialSampler(range(11)), 4 if split else 3, drop_last=False)
+    elif split:
+        pytest.skip("split_batches needs a batch size")
+    else:
+        base = Listed([[0], [1, 2], [3, 4, 5], [6, 7, 8, 9], [0, 1, 2]])
+    for rank in range(num_processes):
+        ours = BatchSamplerShard(base, num_processes, rank, split_batches=split, even_batches=even)
+        theirs = PeerShard(base, num_processes, rank, split_batches=split, even_batches=even)
+        batches = list(ours)
+        assert batches == list(theirs)
+        # (Accelerate's len() counts the split last batch even where this process gets none of it)
+        assert len(ours) == len(batches)
 
 
 def test_bad_process_layout_is_rejected():
@@ -479,22 +506,27 @@ def test_skipped_batches_are_not_loaded():
 def test_state_dict_resumes_on_the_next_batch(kind):
     torch.manual_seed(0)
     if kind == "stream":
-        make = lambda: prepare_data_loader(
-            DataLoader(Stream(20), batch_size=2), num_processes=2, process_index=1, dispatch_batches=False
-        )  # noqa: E731
+
+        def make():
+            return prepare_data_loader(
+                DataLoader(Stream(20), batch_size=2), num_processes=2, process_index=1, dispatch_batches=False
+            )
     elif kind == "dispatcher":
         make = lambda: prepare_data_loader(DataLoader(Stream(20), batch_size=2))  # noqa: E731
     else:
         source = DataLoader(list(range(20)), batch_size=2, shuffle=True)
         seedable = kind == "seedable"
-        make = lambda: prepare_data_loader(
-            source,
-            num_processes=2,
-            process_index=0,
-            rng_types=["generator"],
-            use_seedable_sampler=seedable,
-            data_seed=5,
-        )  # noqa: E731
+
+        def make():
+            return prepare_data_loader(
+                source,
+                num_processes=2,
+                process_index=0,
+                rng_types=["generator"],
+                use_seedable_sampler=seedable,
+                data_seed=5,
+            )
+
     loader = make()
     list(loader)  # a whole first epoch, so that the resumed one is not the first
     iterator = iter(loader)
@@ -592,13 +624,16 @@ class SeededStream(IterableDataset):
 
 def test_iterable_dataset_generator_is_the_synchronised_one_and_resumes():
     stream = SeededStream(12)
-    make = lambda: prepare_data_loader(
-        DataLoader(stream, batch_size=2),
-        num_processes=2,
-        process_index=0,
-        rng_types=["generator"],
-        dispatch_batches=False,
-    )  # noqa: E731
+
+    def make():
+        return prepare_data_loader(
+            DataLoader(stream, batch_size=2),
+            num_processes=2,
+            process_index=0,
+            rng_types=["generator"],
+            dispatch_batches=False,
+        )
+
     loader = make()
     assert loader.synchronized_generator is stream.generator
     iterator = iter(loader)

@@ -153,11 +153,16 @@ class BatchSamplerShard(Sampler):
     - if the batch sampler has `drop_last` set: the incomplete round is dropped;
     - else with `even_batches=True`: it is completed with indices from the start of
       the sampler, so every process yields the same number of batches, all of
-      `batch_size` (the number of added indices is kept in `padding`);
+      `batch_size` (the number of added indices is kept in `padding`). This holds on
+      one process too: its short last batch is completed the same way;
     - else (`even_batches=False`): each process yields what is left for it, so the
       last batches differ (some processes may have one batch fewer).
 
-    A batch sampler of varying batch sizes (no `batch_size`) needs `even_batches=False`.
+    A batch sampler of varying batch sizes (no `batch_size`) has no size to even out:
+    with `even_batches=True` the last round is completed with whole batches from the
+    start of the sampler, so every process yields the same number of batches (as
+    Accelerate does). A sampler that declares a `batch_size` but yields batches of
+    other sizes is an error with `even_batches=True`.
     """
 
     def __init__(
@@ -181,7 +186,8 @@ class BatchSamplerShard(Sampler):
         if split_batches:
             if self.batch_size is None:
                 raise ValueError(
-                    f"split_batches=True needs a batch sampler with a batch_size; {type(batch_sampler).__name__} has none"
+                    "split_batches=True needs a batch sampler with a batch_size; "
+                    f"{type(batch_sampler).__name__} has none"
                 )
             if self.batch_size % num_processes != 0:
                 raise ValueError(
@@ -189,11 +195,6 @@ class BatchSamplerShard(Sampler):
                     f"{self.batch_size} cannot be split across num_processes={num_processes}. Use a batch size that "
                     f"is a multiple of {num_processes}, or split_batches=False."
                 )
-        if even_batches and self.batch_size is None:
-            raise ValueError(
-                f"even_batches=True needs batches of a fixed size, but {type(batch_sampler).__name__} has no "
-                "batch_size (batches of varying sizes). Pass even_batches=False to shard it as it is."
-            )
 
     @property
     def sampler(self) -> Any:
@@ -237,8 +238,8 @@ class BatchSamplerShard(Sampler):
 
     def __iter__(self) -> Iterator[list[Any]]:
         self.padding = 0
-        if self.num_processes == 1:
-            return iter(self.batch_sampler)
+        if self.num_processes == 1 and (self.drop_last or not self.even_batches or self.batch_size is None):
+            return iter(self.batch_sampler)  # nothing to even out
         indices = self._all_indices()
         if indices is not None:
             return self._iter_indices(indices)
@@ -263,7 +264,7 @@ class BatchSamplerShard(Sampler):
         return list(sampler)
 
     def _iter_indices(self, indices: list[Any]) -> Iterator[list[Any]]:
-        """This process's batches of a plain `BatchSampler` whose indices are `indices` (same result as the generic path)."""
+        """This process's batches of a plain `BatchSampler` over `indices` (same result as the generic path)."""
         n, r, size = self.num_processes, self.process_index, self.batch_size
         count = len(indices)
         full = count // size
@@ -308,7 +309,7 @@ class BatchSamplerShard(Sampler):
         )
 
     def _source_batches(self) -> Iterator[list[Any]]:
-        """The wrapped sampler's batches; for a plain `BatchSampler`, cut here with C-level slicing (same batches, faster)."""
+        """The wrapped sampler's batches; a plain `BatchSampler`'s cut here with C-level slicing (same, faster)."""
         batch_sampler = self.batch_sampler
         if type(batch_sampler) is not BatchSampler:
             yield from batch_sampler
@@ -350,6 +351,9 @@ class BatchSamplerShard(Sampler):
         yield (list(short) + cycle_to_length(first if first is not None else short, self.padding))[lo:hi]
 
     def _iter_rounds(self) -> Iterator[list[Any]]:
+        if self.batch_size is None:
+            yield from self._iter_varying_rounds()
+            return
         n, r, batch_size = self.num_processes, self.process_index, self.batch_size
         even, drop_last = self.even_batches, self.drop_last
         uneven = not even and not drop_last
@@ -382,3 +386,27 @@ class BatchSamplerShard(Sampler):
         self.padding = n * batch_size - len(indices)
         indices.extend(cycle_to_length(head, self.padding))
         yield indices[r * batch_size : (r + 1) * batch_size]
+
+    def _iter_varying_rounds(self) -> Iterator[list[Any]]:
+        """Rounds of batches of any sizes; with `even_batches`, a last incomplete round completed with whole batches."""
+        n, r = self.num_processes, self.process_index
+        keep_head = self.even_batches and not self.drop_last
+        head: list[list[Any]] = []  # the first n batches: what completes the last round
+        pending: list[list[Any]] = []
+        for batch in self.batch_sampler:
+            if keep_head and len(head) < n:
+                head.append(batch)
+            pending.append(batch)
+            if len(pending) == n:
+                yield pending[r]
+                pending = []
+        if not pending or self.drop_last:
+            return
+        if not self.even_batches:
+            if r < len(pending):
+                yield pending[r]
+            return
+        added = cycle_to_length(head, n - len(pending))
+        self.padding = sum(len(batch) for batch in added)
+        pending.extend(added)
+        yield pending[r]
