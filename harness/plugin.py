@@ -116,7 +116,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     spec = _spec(item)
     if spec is None:
         return
-    unknown = runner.unknown_fixtures(item, spec)
+    unknown = runner.unknown_fixtures(item, spec) if isinstance(item, pytest.Function) else []
     if unknown:
         names = ", ".join(repr(name) for name in unknown)
         pytest.fail(
@@ -134,7 +134,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     real = _uses_real_device(pyfuncitem)
     if real:
-        world_size, count = pyfuncitem.funcargs["world_size"], gpu_count()
+        world_size, count = int(pyfuncitem.funcargs["world_size"]), gpu_count()  # type: ignore[call-overload]  # (funcargs values are typed object)
         if count < world_size:
             pytest.skip(f"--real-devices: needs {world_size} GPUs, {count} visible")
     runner.run_item(pyfuncitem, spec, pyfuncitem.config.stash[MANAGER_KEY], real)

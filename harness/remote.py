@@ -96,6 +96,8 @@ def _import_rewritten(name: str, path: str) -> Any:
     rewrite_asserts(tree, source, path, None)
     code = compile(tree, path, "exec", dont_inherit=True)
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None:
+        raise ImportError(f"cannot import {name} from {path}: not a Python source file")
     module = importlib.util.module_from_spec(spec)
     previous = sys.modules.get(name)
     sys.modules[name] = module

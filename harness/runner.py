@@ -48,7 +48,7 @@ def run_item(item: pytest.Function, spec: DistributedSpec, manager: PoolManager,
     __tracebackhide__ = True
     if FAILURE_KEY in item.stash:  # from an earlier run of this item (e.g. a rerun plugin)
         del item.stash[FAILURE_KEY]
-    world_size, device = item.funcargs["world_size"], item.funcargs["device"]
+    world_size, device = int(item.funcargs["world_size"]), str(item.funcargs["device"])  # type: ignore[call-overload]  # (funcargs values are typed object)
     launcher.check_options(world_size, device, spec.timeout, real_device)
     # The name pytest collected (the function's own __qualname__ may be that of a
     # wrapper, e.g. hypothesis' @given).
@@ -87,6 +87,8 @@ def _pytest_outcome(outcome: RankOutcome) -> str | None:
     if outcome.status != Status.EXCEPTION:
         return None
     failure = outcome.failure
+    if failure is None:
+        return None
     for kind, cls in _OUTCOMES.items():
         if isinstance(failure.exception, cls) or failure.exc_type in (cls.__name__, f"_pytest.outcomes.{cls.__name__}"):
             return kind
@@ -102,8 +104,9 @@ def _conclude(item: pytest.Function, outcomes: list[RankOutcome], world_size: in
     if own and all(kinds[o.rank] is not None for o in own):
         # Only skips / xfails of their own accord (the others returned or were waiting).
         kind = "skip" if any(kinds[o.rank] == "skip" for o in own) else "xfail"
-        first = min((o for o in own if kinds[o.rank] == kind), key=lambda o: o.rank).failure  # stable reason
-        raise _outcome(_OUTCOMES[kind], f"rank {first.rank}: {first.message}")
+        first = min((o for o in own if kinds[o.rank] == kind), key=lambda o: o.rank)  # stable reason
+        message = first.failure.message if first.failure is not None else ""
+        raise _outcome(_OUTCOMES[kind], f"rank {first.rank}: {message}")
     try:
         launcher.raise_for_failures(outcomes, world_size, device, timeout)
     except DistributedFailure as failure:

@@ -81,6 +81,12 @@ def object_collectives_agree():
     return gathered, shared[0]
 
 
+def debug_level():
+    import torch.distributed as dist
+
+    return dist.get_debug_level().name
+
+
 def only_rank_zero_reduces():
     import torch
     import torch.distributed as dist
@@ -176,6 +182,12 @@ def test_agreeing_collectives_pass_the_check(device):
     results = launch(object_collectives_agree, world_size=3, device=device)
     assert results == [([{"rank": 0}, {"rank": 1}, {"rank": 2}], 10)] * 3
     assert launch(steps, args=(40,), world_size=4) == [list(range(40))] * 4  # store keys are reused safely
+
+
+def test_torch_distributed_debug_of_the_launch_environment_reaches_the_ranks(monkeypatch):
+    # torch reads it at import, which the fork server did with its own environment
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    assert launch(debug_level, world_size=2, isolated=True) == ["DETAIL", "DETAIL"]
 
 
 # -- deadlock ----------------------------------------------------------------------------

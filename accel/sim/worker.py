@@ -41,6 +41,7 @@ import accel.state  # noqa: F401  (preloaded: every rank needs it)
 from accel.sim import collectives, faults, serialize
 from accel.sim.cleanslate import CleanSlate, seed_everything
 from accel.sim.messages import ExceptionReport, Port, Ready, RunTask, StartError, Status, Stop, TaskDone
+from accel.sim.torchrun_env import torchrun_environment
 
 #: source files whose frames are left out of a rank's traceback (the simulator's own)
 INTERNAL_FILES: set[str] = {__file__}
@@ -163,13 +164,12 @@ def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
     rank, world_size, device = config["rank"], config["world_size"], config["device"]
     os.environ.clear()
     os.environ.update(config["env"])
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-    )
+    # torch reads TORCH_DISTRIBUTED_DEBUG when it is imported, which the fork server did
+    # with its own environment: read it again from the launch's.
+    dist.set_debug_level_from_env()
+    # Exactly what torchrun gives a worker (the launch may override the restart counters).
+    run_id = os.path.basename(config["workdir"])
+    os.environ.update(torchrun_environment(rank, world_size, run_id, config["workdir"]))
     torch.set_num_threads(config["num_threads"])
     os.environ["MASTER_PORT"] = str(_rendezvous_port(rank, world_size, conn))
     reset_device = _prepare_device(device, config["real_device"])
