@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from accel.backends import Backend, select_backend
-from accel.utils.dataclasses import DistributedType, PrecisionType
+from accel.utils.dataclasses import DistributedType, PrecisionType, check_engine_environment
 from accel.utils.environment import env_flag
 
 DEBUG_ENV = "ACCEL_DEBUG_MODE"
@@ -60,6 +60,7 @@ class PartialState:
             self._setup(cpu or env_flag(CPU_ENV), debug, kwargs)
 
     def _setup(self, cpu: bool, debug: bool | None, init_kwargs: dict[str, Any]) -> None:
+        check_engine_environment()  # DeepSpeed/FSDP/Megatron asked for: refuse rather than run plain DDP
         hardware = select_backend(cpu=cpu)
         rank, world_size, local_rank, local_world_size = hardware.launch_env()
         adopted = dist.is_available() and dist.is_initialized()
@@ -328,7 +329,12 @@ def _check_precision(value: str) -> str:
     return value
 
 
-_NO_PLUGIN: dict[str, Any] = {"num_steps": 1, "adjust_scheduler": False, "sync_with_dataloader": True, "sync_each_batch": False}
+_NO_PLUGIN: dict[str, Any] = {
+    "num_steps": 1,
+    "adjust_scheduler": False,
+    "sync_with_dataloader": True,
+    "sync_each_batch": False,
+}
 
 
 class GradientState:

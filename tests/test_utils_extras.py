@@ -1,0 +1,331 @@
+"""Single-process tests of the utilities Accelerate users import: environment, memory, saving, progress bars,
+the `is_*_available` family, the distributed types, and the typed lazy exports."""
+
+import ast
+import inspect
+import os
+import pathlib
+import platform
+import sys
+import unittest
+
+import pytest
+import torch
+
+import accel
+import accel.utils
+from accel.state import PartialState
+from accel.utils import (
+    clear_environment,
+    find_executable_batch_size,
+    patch_environment,
+    purge_accelerate_environment,
+    release_memory,
+)
+from accel.utils.dataclasses import DistributedType
+
+# -- environment --------------------------------------------------------------------------
+
+
+def test_patch_environment_sets_and_restores(monkeypatch):
+    monkeypatch.setenv("ACCEL_TEST_KEEP", "old")
+    monkeypatch.delenv("ACCEL_TEST_NEW", raising=False)
+    with patch_environment(accel_test_keep=1, ACCEL_TEST_NEW="x"):
+        assert os.environ["ACCEL_TEST_KEEP"] == "1" and os.environ["ACCEL_TEST_NEW"] == "x"
+    assert os.environ["ACCEL_TEST_KEEP"] == "old" and "ACCEL_TEST_NEW" not in os.environ
+
+
+def test_patch_environment_restores_after_an_error(monkeypatch):
+    monkeypatch.delenv("ACCEL_TEST_BOOM", raising=False)
+    with pytest.raises(KeyError), patch_environment(ACCEL_TEST_BOOM="1"):
+        raise KeyError("boom")
+    assert "ACCEL_TEST_BOOM" not in os.environ
+
+
+def test_clear_environment_empties_then_restores_exactly(monkeypatch):
+    monkeypatch.setenv("ACCEL_TEST_CLEAR", "kept")
+    before = dict(os.environ)
+    with clear_environment():
+        assert dict(os.environ) == {}
+        os.environ["ACCEL_TEST_ADDED"] = "gone afterwards"
+    assert dict(os.environ) == before
+
+
+def test_purge_restores_both_prefixes_for_functions(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.delenv("ACCEL_MIXED_PRECISION", raising=False)
+
+    @purge_accelerate_environment
+    def leaky():
+        os.environ["ACCELERATE_MIXED_PRECISION"] = "fp16"
+        os.environ["ACCEL_MIXED_PRECISION"] = "fp16"
+        os.environ["OTHER_TEST_VAR_KEPT"] = "1"
+        return "done"
+
+    try:
+        assert leaky() == "done"
+        assert os.environ["ACCELERATE_MIXED_PRECISION"] == "bf16"
+        assert "ACCEL_MIXED_PRECISION" not in os.environ
+        assert os.environ["OTHER_TEST_VAR_KEPT"] == "1"  # only the two prefixes are restored
+    finally:
+        os.environ.pop("OTHER_TEST_VAR_KEPT", None)
+
+
+def test_purge_wraps_test_methods_of_a_class_and_its_subclasses(monkeypatch):
+    monkeypatch.delenv("ACCEL_TEST_PURGED", raising=False)
+
+    @purge_accelerate_environment
+    class Base(unittest.TestCase):
+        def test_sets(self):
+            os.environ["ACCEL_TEST_PURGED"] = "base"
+
+    class Child(Base):
+        def test_child_sets(self):
+            os.environ["ACCEL_TEST_PURGED"] = "child"
+
+    result = unittest.TestResult()
+    unittest.defaultTestLoader.loadTestsFromTestCase(Child).run(result)
+    assert result.wasSuccessful() and result.testsRun == 2
+    assert "ACCEL_TEST_PURGED" not in os.environ
+
+
+def test_check_os_kernel_warns_on_old_kernels(monkeypatch, caplog):
+    from accel.utils import check_os_kernel
+
+    PartialState()
+    old = platform.uname_result("Linux", "host", "4.19.0-generic", "#1", "x86_64")
+    monkeypatch.setattr(platform, "uname", lambda: old)
+    check_os_kernel()
+    assert "4.19.0" in caplog.text and "5.5.0" in caplog.text
+    caplog.clear()
+    new = platform.uname_result("Linux", "host", "6.1.0", "#1", "x86_64")
+    monkeypatch.setattr(platform, "uname", lambda: new)
+    check_os_kernel()
+    assert caplog.text == ""
+
+
+# -- memory ---------------------------------------------------------------------------------
+
+
+def test_release_memory_returns_nones_and_frees():
+    import weakref
+
+    big = torch.ones(1000)
+    ref = weakref.ref(big)
+    a, b = release_memory(big, [1])
+    del big
+    assert (a, b) == (None, None) and ref() is None
+
+
+def _out_of_memory():
+    return RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_find_executable_batch_size_shrinks_until_it_fits():
+    tried = []
+
+    @find_executable_batch_size(starting_batch_size=128)
+    def train(batch_size, scale):
+        tried.append(batch_size)
+        if batch_size > 90:
+            raise _out_of_memory()
+        return batch_size * scale
+
+    assert train(2) == 2 * 82
+    assert tried == [128, 115, 103, 92, 82]  # times 0.9, rounded down, after each out-of-memory error
+
+
+def test_find_executable_batch_size_follows_accelerate_step_by_step():
+    from accelerate.utils import find_executable_batch_size as peer
+
+    def make(decorator, log):
+        @decorator(starting_batch_size=10)
+        def run(batch_size):
+            log.append(batch_size)
+            if batch_size > 7:
+                raise _out_of_memory()
+            return batch_size
+
+        return run
+
+    ours, theirs = [], []
+    assert make(find_executable_batch_size, ours)() == make(peer, theirs)()
+    assert ours == theirs
+
+
+def test_find_executable_batch_size_errors():
+    @find_executable_batch_size(starting_batch_size=2)
+    def never_fits(batch_size):
+        raise _out_of_memory()
+
+    with pytest.raises(RuntimeError, match="no batch size from 2 down to 1 fits"):
+        never_fits()
+
+    @find_executable_batch_size
+    def other_error(batch_size):
+        raise ValueError("not memory")
+
+    with pytest.raises(ValueError, match="not memory"):
+        other_error()
+
+    @find_executable_batch_size(starting_batch_size=8)
+    def takes_one(batch_size, model):
+        return model
+
+    with pytest.raises(TypeError, match="passes it itself"):
+        takes_one(8, "model")
+
+
+def test_custom_reduce_batch_size_fn():
+    sizes = iter([6, 3])
+
+    @find_executable_batch_size(starting_batch_size=12, reduce_batch_size_fn=lambda: next(sizes))
+    def train(batch_size):
+        if batch_size > 3:
+            raise _out_of_memory()
+        return batch_size
+
+    assert train() == 3
+
+
+# -- save -------------------------------------------------------------------------------------
+
+
+def test_save_pickle_and_safetensors(tmp_path):
+    from safetensors.torch import load_file
+
+    from accel.utils import save
+
+    PartialState()
+    linear = torch.nn.Linear(3, 2)
+    save({"w": linear.weight, "step": 3}, tmp_path / "obj.bin")
+    loaded = torch.load(tmp_path / "obj.bin", weights_only=False)
+    assert loaded["step"] == 3 and torch.equal(loaded["w"], linear.weight) and not loaded["w"].requires_grad
+
+    tied = linear.state_dict()
+    tied["alias"] = tied["weight"]  # a tied weight: one storage, two names
+    save(tied, tmp_path / "model.safetensors", safe_serialization=True)
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert set(tensors) == {"weight", "bias"} and torch.equal(tensors["weight"], linear.weight)
+    with pytest.raises(TypeError, match="flat dict of tensors"):
+        save({"step": 3}, tmp_path / "bad.safetensors", safe_serialization=True)
+
+
+def test_save_writes_on_the_main_process_only(tmp_path):
+    from accel.utils import save
+
+    state = PartialState()
+    state.process_index, state.local_process_index = 1, 0  # a second machine's first process
+    save({"a": 1}, tmp_path / "global.bin")
+    save({"a": 1}, tmp_path / "per_node.bin", save_on_each_node=True)
+    assert not (tmp_path / "global.bin").exists() and (tmp_path / "per_node.bin").exists()
+
+
+# -- tqdm -------------------------------------------------------------------------------------
+
+
+def test_tqdm_is_disabled_off_the_local_main_process():
+    from accel.utils import tqdm
+
+    state = PartialState()
+    assert not tqdm(range(3)).disable
+    state.local_process_index = 1
+    assert tqdm(range(3)).disable
+    assert not tqdm(range(3), main_process_only=False).disable
+    assert tqdm(range(3), disable=True, main_process_only=False).disable
+    with pytest.raises(ValueError, match="main_process_only"):
+        tqdm(True, range(3))
+
+
+# -- is_*_available -------------------------------------------------------------------------
+
+
+def _available_names():
+    import accelerate.utils
+
+    return sorted(n for n in dir(accelerate.utils) if n.startswith("is_") and n.endswith("_available"))
+
+
+def test_every_is_available_name_exists_and_agrees_with_accelerate_here():
+    import accelerate.utils
+
+    names = _available_names()
+    assert len(names) == 55 and sorted(accel.utils.IS_AVAILABLE) == names
+    disagree = {n: (getattr(accel.utils, n)(), getattr(accelerate.utils, n)()) for n in names}
+    disagree = {n: v for n, v in disagree.items() if bool(v[0]) != bool(v[1])}
+    assert disagree == {}
+
+
+def test_is_available_answers_what_torch_says(monkeypatch):
+    from accel.utils import is_bf16_available, is_cuda_available, is_torch_xla_available, is_xpu_available
+
+    assert is_bf16_available() is (True if not torch.cuda.is_available() else torch.cuda.is_bf16_supported())
+    assert is_cuda_available() == torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert is_cuda_available()
+    monkeypatch.undo()
+    assert is_torch_xla_available() == ("torch_xla" in sys.modules or _importable("torch_xla"))
+    monkeypatch.setenv("USE_TORCH_XLA", "0")
+    assert not is_torch_xla_available()
+    with pytest.raises(ValueError, match="cannot both be true"):
+        is_torch_xla_available(check_is_tpu=True, check_is_gpu=True)
+    assert is_xpu_available() == (hasattr(torch, "xpu") and torch.xpu.is_available())
+
+
+def _importable(name):
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def test_package_checks_follow_what_is_installed():
+    from accel.utils import is_pytest_available, is_tensorboard_available, is_wandb_available
+
+    assert is_pytest_available()
+    assert is_wandb_available() == _importable("wandb")
+    assert is_tensorboard_available() == (_importable("tensorboard") or _importable("tensorboardX"))
+
+
+# -- distributed types ----------------------------------------------------------------------
+
+
+def test_every_accelerate_distributed_type_exists():
+    from accelerate.utils import DistributedType as Peer
+
+    assert [m.value for m in DistributedType] == [m.value for m in Peer]
+    assert DistributedType.FSDP == "FSDP" and DistributedType("MULTI_XPU") is DistributedType.MULTI_XPU
+
+
+@pytest.mark.parametrize("member", list(DistributedType))
+def test_unsupported_types_fail_clearly(member):
+    if member in DistributedType.supported():
+        assert member.require_supported() is member
+    else:
+        with pytest.raises(NotImplementedError, match=f"DistributedType.{member.name} is not supported"):
+            member.require_supported()
+
+
+@pytest.mark.parametrize("variable", ["ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "ACCEL_USE_MEGATRON_LM"])
+def test_a_run_asking_for_an_engine_we_lack_is_refused(monkeypatch, variable):
+    monkeypatch.setenv(variable, "true")
+    with pytest.raises(NotImplementedError, match=f"{variable}=true asks for it"):
+        PartialState()
+    monkeypatch.setenv(variable, "false")
+    assert PartialState().num_processes == 1
+
+
+# -- lazy exports seen by type checkers -----------------------------------------------------
+
+
+@pytest.mark.parametrize("module", [accel, accel.utils], ids=["accel", "accel.utils"])
+def test_type_checking_imports_mirror_the_exports_table(module):
+    tree = ast.parse(pathlib.Path(inspect.getfile(module)).read_text())
+    blocks = [n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", None) == "TYPE_CHECKING"]
+    assert len(blocks) == 1
+    seen: dict[str, set[str]] = {}
+    for node in blocks[0].body:
+        assert isinstance(node, ast.ImportFrom)
+        for alias in node.names:
+            assert alias.asname == alias.name, f"{alias.name}: re-export it as `{alias.name} as {alias.name}`"
+            seen.setdefault(node.module, set()).add(alias.name)
+    assert seen == {m: set(names) for m, names in module._EXPORTS.items()}
