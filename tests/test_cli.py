@@ -296,6 +296,11 @@ print(f"rank {state.process_index}/{state.num_processes} {state.distributed_type
       f"cuda={torch.cuda.is_available()} total={total} args={sys.argv[1:]}", flush=True)
 if "--fail" in sys.argv and state.process_index == 1:
     raise ValueError("rank one fails on purpose")
+if "--accelerator" in sys.argv:
+    from accel import Accelerator
+    print(f"accumulation={Accelerator().gradient_accumulation_steps} threads={torch.get_num_threads()}", flush=True)
+if "--exit3" in sys.argv and state.process_index == 1:
+    sys.exit(3)
 if "--exit0" in sys.argv:
     sys.exit(0)
 if "--destroy" in sys.argv:
@@ -327,6 +332,16 @@ def test_simulated_launch_runs_the_script_on_every_rank(script, capsys):
     assert code == 0, err
     for rank in range(2):
         assert f"[rank {rank}] rank {rank}/2 XLA cuda=False total=3.0 args=['--exit0', 'b']" in out
+
+
+def test_launch_flags_reach_the_accelerator_in_simulated_ranks(script, capsys):
+    argv = ["--simulate", "cpu", "--gradient_accumulation_steps", "3", "--num_cpu_threads_per_process", "1"]
+    code = cli.main(["launch", *argv, "--local_ranks_filter", "1", script, "--accelerator"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "accumulation=3 threads=1\n" in out
+    assert "[rank" not in out  # one rank shown: no prefix
+    assert "rank 0/2" not in out  # the other rank's output is filtered out
 
 
 def test_simulated_launch_reports_the_failing_rank_once(script, capsys):
