@@ -129,5 +129,6 @@ def install() -> int:
 
 def reset() -> None:
     """Between tests: autocast off on the simulated GPUs, its cache empty."""
+    torch.set_autocast_enabled("cuda", False)
     torch.set_autocast_enabled(cuda_state.HIDDEN_DEVICE, False)
     _cache.clear()

@@ -120,6 +120,11 @@ class SimCudaTensor(torch.Tensor):
             new.grad = copy.deepcopy(self.grad, memo)
         return new
 
+    def untyped_storage(self) -> torch.UntypedStorage:
+        # The inner tensor's storage: what shares memory with what (tied weights, views)
+        # can be told as on a GPU; it reports the host as its device.
+        return self._inner.untyped_storage()
+
     def data_ptr(self) -> int:
         # Host address of the data (a real GPU gives a device address; neither is dereferenceable by Python).
         return self._inner.data_ptr()

@@ -10,9 +10,12 @@ other ops check argument by argument and name the first one on another device.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
+
+from accel.sim import torch_internals
 
 aten = torch.ops.aten
 
@@ -50,15 +53,38 @@ INDEX_OPS = _ops(
 )
 _POINTWISE = torch.Tag.pointwise
 
+#: ops whose CUDA kernel is a composite: the device check a GPU runs is that of the op they
+#: call, with its own argument names (op -> (inner op, {our argument: its argument}))
+_COMPOSITES = {
+    "aten::stack": ("aten::cat", "", {"tensors": "tensors"}),
+    "aten::embedding": ("aten::index_select", "", {"indices": "index", "weight": "self"}),
+}
+
+
+@functools.cache
+def _native_functions() -> str:
+    path = torch_internals.native_functions_yaml()
+    if path is None:
+        return ""
+    with open(path) as declarations:
+        return declarations.read()
+
+
+@functools.cache
+def _kernel_facts(name: str, overload: str) -> tuple[bool, bool] | None:
+    """(checks devices with TensorIterator, is a structured kernel) as torch declares the op; None if unknown."""
+    text = _native_functions()
+    head = f"\n- func: {name}{'.' + overload if overload else ''}("
+    start = text.find(head)
+    if start < 0:
+        return None
+    end = text.find("\n- func:", start + len(head))
+    block = text[start : end if end >= 0 else len(text)]
+    return "device_check: NoCheck" in block, "structured_delegate:" in block or "structured: True" in block
+
 
 def mismatch_error(func: Any, args: tuple, kwargs: dict, common: torch.device, other: torch.device) -> RuntimeError:
     """The RuntimeError a CUDA build raises when `func` gets tensors on `common` and `other`."""
-    if _POINTWISE in func.tags or func._schema.name.startswith("aten::_foreach"):
-        return RuntimeError(
-            f"Expected all tensors to be on the same device, but found at least two devices, {common} and {other}!"
-        )
-    # The code generated for CUDA kernels checks argument by argument and names the first
-    # one on another device, and the kernel's wrapper.
     schema = func._schema
     values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args) :]]
     argument = "?"
@@ -67,9 +93,23 @@ def mismatch_error(func: Any, args: tuple, kwargs: dict, common: torch.device, o
         if any(isinstance(t, torch.Tensor) and t.device == other for t in tensors):
             argument = spec.name
             break
-    name = schema.name.split("::")[-1]
-    overload = func._overloadname
-    method = f"wrapper_CUDA_{name}" if overload == "default" else f"wrapper_CUDA_{overload}_{name}"
+    name, overload = schema.name, schema.overload_name
+    if name in _COMPOSITES:
+        name, overload, renames = _COMPOSITES[name]
+        argument = renames.get(argument, argument)
+    base = name.split("::")[-1]
+    facts = _kernel_facts(base, overload)
+    if facts is None:  # not in torch's declarations: decide from the op's tags
+        facts = (_POINTWISE in func.tags or base.startswith("_foreach"), True)
+    iterator_checked, structured = facts
+    if iterator_checked:
+        return RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, {common} and {other}!"
+        )
+    # The code generated for a CUDA kernel checks argument by argument and names the
+    # first one on another device, and the kernel's wrapper function.
+    unambiguous = f"{base}_{overload}" if overload else base
+    method = f"wrapper_CUDA_{unambiguous}" if structured else f"wrapper_CUDA_{overload}_{unambiguous}"
     return RuntimeError(
         f"Expected all tensors to be on the same device, but got {argument} is on {other}, "
         f"different from other tensors on {common} (when checking argument in method {method})"

@@ -1,27 +1,27 @@
-"""Fake CUDA: the real `CUDABackend` on CPU tensors, and `torch.cuda` answering as on a GPU host.
+"""Simulated GPUs: CUDA tensors held in CPU memory, `torch.cuda` answering as on a GPU host.
 
-Installed only inside a simulated rank (see `accel.sim.devices.prepare_rank`). Two parts:
+Installed only inside a simulated GPU rank (`accel.sim.devices.prepare_rank("cuda")`),
+never in a user's own process: part of it (the hidden PrivateUse1 device and its
+kernels) is process-wide and cannot be undone. A rank gets `LOCAL_WORLD_SIZE`
+simulated GPUs, the current one being `LOCAL_RANK`.
 
-* `SimCUDABackend` subclasses the real `CUDABackend` and swaps only its hardware touch
-  points: the device under the tensors is the CPU, collectives go over Gloo instead of
-  NCCL, `set_device` is recorded instead of called, autocast and the GradScaler use the
-  CPU implementations (both accept fp16 and bf16 in torch >= 2.4). Everything else — DDP
-  wrapping and `join`, the RNG calls, the distributed type (`MULTI_GPU`) — is the real
-  backend's code.
-* `install()` patches the `torch.cuda` functions a training script asks (`is_available`,
-  `device_count`, `current_device`, `set_device`, the RNG and seeding functions, memory
-  statistics, ...) so that the script takes its GPU branches. Each simulated GPU has its
-  own CPU `torch.Generator` standing in for its CUDA generator. Random tensors created on
-  `accelerator.device` (the CPU) draw from the CPU generator, not from the simulated
-  CUDA one: that is the one place where the streams differ from a real GPU run.
+* Tensors (`accel.sim.cuda_tensor`, `cuda_kernels`, `device_rules`): `device="cuda"`,
+  `.cuda()`, `.to("cuda")`, `module.cuda()` give tensors on `cuda:k` that compute on
+  the CPU and fail like CUDA tensors when mixed with CPU ones.
+* `torch.autocast("cuda")` applies CUDA's policy (`cuda_autocast`); `torch.amp.GradScaler("cuda")`
+  runs on top of it unchanged.
+* Checkpoints record `cuda:k` and load back on that simulated GPU (`cuda_checkpoint`).
+* `torch.cuda` (patched here): device count, current device, `set_device`, one CPU
+  generator per simulated GPU (seeding, RNG state), memory statistics (zero),
+  `synchronize`, streams and events. There is one stream per GPU and work is done
+  when it is issued, so waits and synchronisations have nothing to wait for: they
+  return at once, which gives the same results a GPU gives.
+* `SimCUDABackend` is the real `CUDABackend` (DDP with `device_ids`, autocast and
+  GradScaler on "cuda", the RNG calls); its process group hands Gloo the CPU data
+  under the CUDA tensors (`cuda_group`).
 
-What cannot be simulated — a tensor on a real `cuda` device (`torch.zeros(..., device="cuda")`,
-`tensor.cuda()`, `module.cuda()`, `.to("cuda")`, streams) — raises `SimulatedDeviceError`
-telling the user to put tensors on `accelerator.device` instead. We raise rather than
-silently redirect `.cuda()` to the CPU: a redirect would give tensors whose `.device`
-says "cpu" where the code expects "cuda", which hides the mismatch instead of naming it.
-torch calls `torch.cuda._lazy_init` before touching any CUDA tensor, so patching that one
-function catches every such use.
+What cannot be simulated raises `SimulatedDeviceError` naming it (see the README's
+simulator section).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,168 +37,173 @@ import torch.cuda
 import torch.cuda.random
 
 from accel.backends.cuda import CUDABackend
-
-#: the seed PyTorch gives every CUDA generator at start-up
-DEFAULT_CUDA_SEED = 67280421310721
-
-_HINT = (
-    "this process runs on the accel simulator's fake CUDA, whose devices are CPU tensors: "
-    "create tensors on `accelerator.device` (or `PartialState().device`) and move models with "
-    "`.to(accelerator.device)` / `accelerator.prepare(...)` instead of naming 'cuda'"
+from accel.sim import (
+    cuda_autocast,
+    cuda_checkpoint,
+    cuda_group,
+    cuda_kernels,
+    cuda_state,
+    cuda_tensor,
+    torch_internals,
 )
+from accel.sim.cuda_state import DEFAULT_CUDA_SEED
+
+__all__ = [
+    "DEFAULT_CUDA_SEED",
+    "SimCUDABackend",
+    "SimulatedDeviceError",
+    "install",
+    "is_installed",
+    "reset",
+    "set_device_calls",
+]
 
 
 class SimulatedDeviceError(RuntimeError):
-    """Something a real GPU can do but the simulator cannot (a tensor on a real `cuda` device)."""
-
-
-class _FakeCuda:
-    """The simulated GPUs of this rank: how many, which one is current, their generators."""
-
-    def __init__(self, device_count: int, current: int) -> None:
-        self.device_count = device_count
-        self.generators = [torch.Generator() for _ in range(device_count)]
-        self.set_device_calls: list[int] = []
-        self.reset(current)
-
-    def reset(self, current: int) -> None:
-        self.current = current
-        self.set_device_calls.clear()
-        for generator in self.generators:
-            generator.manual_seed(DEFAULT_CUDA_SEED)
-
-    def index(self, device: Any = None) -> int:
-        """Index of the simulated GPU named by `device` (None/'cuda': the current one)."""
-        if device is None:
-            return self.current
-        if isinstance(device, int):
-            index = device
-        else:
-            device = torch.device(device)
-            if device.type != "cuda":
-                raise ValueError(f"expected a cuda device, got {device}")
-            index = self.current if device.index is None else device.index
-        if not 0 <= index < self.device_count:
-            raise SimulatedDeviceError(
-                f"CUDA device {index} does not exist: this simulated rank has {self.device_count} "
-                f"GPU(s) (LOCAL_WORLD_SIZE), numbered 0..{self.device_count - 1}"
-            )
-        return index
-
-
-_fake: _FakeCuda | None = None
-_originals: dict[tuple[Any, str], Any] = {}
+    """Something a real GPU can do that a simulated one cannot (the message names it)."""
 
 
 def is_installed() -> bool:
-    """Whether the fake CUDA is active in this process."""
-    return _fake is not None
-
-
-def _get() -> _FakeCuda:
-    if _fake is None:
-        raise RuntimeError("fake CUDA is not installed in this process (accel.sim.fake_cuda.install)")
-    return _fake
+    """Whether this process has simulated GPUs."""
+    return cuda_state.current() is not None
 
 
 def set_device_calls() -> list[int]:
     """Indices passed to `torch.cuda.set_device` in this rank since the last reset (tests read it)."""
-    return list(_get().set_device_calls)
+    return list(cuda_state.gpus().set_device_calls)
 
 
-# -- the simulated torch.cuda functions --------------------------------------------------
+# -- torch.cuda's answers ----------------------------------------------------------------------------
 
 
-def _unsupported(what: str) -> Callable[..., Any]:
+def _unsupported(what: str, why: str) -> Callable[..., Any]:
     def fail(*args: Any, **kwargs: Any) -> Any:
-        raise SimulatedDeviceError(f"{what} is not available: {_HINT}")
+        raise SimulatedDeviceError(f"{what} is not available on a simulated GPU: {why}")
 
     fail.__name__ = what.rsplit(".", 1)[-1].strip("()")
     return fail
 
 
+def _index(device: Any = None) -> int:
+    gpus = cuda_state.gpus()
+    return gpus.current if device is None else gpus.resolve(device).index or 0
+
+
 def _set_device(device: Any) -> None:
-    fake = _get()
-    index = fake.index(device)
-    fake.current = index
-    fake.set_device_calls.append(index)
+    gpus = cuda_state.gpus()
+    if isinstance(device, int) and device < 0:
+        return  # torch ignores negative indices
+    index = _index(device)
+    gpus.current = index
+    gpus.set_device_calls.append(index)
 
 
-def _get_rng_state(device: Any = "cuda") -> torch.Tensor:
-    fake = _get()
-    return fake.generators[fake.index(device)].get_state()
-
-
-def _set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
-    fake = _get()
-    fake.generators[fake.index(device)].set_state(new_state.clone())
-
-
-def _get_rng_state_all() -> list[torch.Tensor]:
-    return [generator.get_state() for generator in _get().generators]
-
-
-def _set_rng_state_all(new_states: list[torch.Tensor]) -> None:
-    for index, state in enumerate(new_states):
-        _set_rng_state(state, index)
-
-
-def _manual_seed(seed: int) -> None:
-    fake = _get()
-    fake.generators[fake.current].manual_seed(int(seed))
+def _generator(device: Any = "cuda") -> torch.Generator:
+    return cuda_state.gpus().generators[_index(device)]
 
 
 def _manual_seed_all(seed: int) -> None:
-    for generator in _get().generators:
+    for generator in cuda_state.gpus().generators:
         generator.manual_seed(int(seed))
 
 
-def _seed() -> None:
-    fake = _get()
-    fake.generators[fake.current].seed()
-
-
-def _seed_all() -> None:
-    # Like torch: one fresh random seed shared by every device.
-    _manual_seed_all(random.getrandbits(63))
-
-
-def _initial_seed() -> int:
-    fake = _get()
-    return fake.generators[fake.current].initial_seed()
+def _set_rng_state_all(states: list[torch.Tensor]) -> None:
+    for generator, state in zip(cuda_state.gpus().generators, states, strict=False):
+        generator.set_state(state.clone())
 
 
 class _device(contextlib.ContextDecorator):
-    """`torch.cuda.device(i)`: make simulated GPU `i` current inside the block."""
+    """`torch.cuda.device(i)`: simulated GPU `i` is current inside the block."""
 
     def __init__(self, device: Any) -> None:
-        self.index = -1 if device is None or device == -1 else _get().index(device)
+        self.index = -1 if device is None or device == -1 else _index(device)
         self.previous = -1
 
     def __enter__(self) -> _device:
-        fake = _get()
-        self.previous = fake.current
+        gpus = cuda_state.gpus()
+        self.previous = gpus.current
         if self.index >= 0:
-            fake.current = self.index
+            gpus.current = self.index
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _get().current = self.previous
+        cuda_state.gpus().current = self.previous
+
+
+class Event:
+    """`torch.cuda.Event`: work is finished when issued, so an event is always complete."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.enable_timing = enable_timing
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end_event: Any) -> float:
+        raise SimulatedDeviceError(
+            "Event.elapsed_time is not available on a simulated GPU: there is no GPU clock to measure; time the "
+            "step on the host (time.perf_counter) instead"
+        )
+
+
+class Stream:
+    """`torch.cuda.Stream`: a simulated GPU has one stream, in which work completes as it is issued."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.device = cuda_state.gpus().resolve("cuda" if device is None else device)
+        self.priority = priority
+
+    def wait_stream(self, stream: Any) -> None:
+        pass
+
+    def wait_event(self, event: Any) -> None:
+        pass
+
+    def record_event(self, event: Any = None) -> Event:
+        return event if event is not None else Event()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and other.device == self.device
+
+    def __hash__(self) -> int:
+        return hash(self.device)
 
 
 def _patches() -> dict[str, Any]:
-    zero = lambda device=None: 0  # noqa: E731  (memory counters: nothing is allocated on a fake GPU)
+    zero = lambda device=None: 0  # noqa: E731  (memory counters: nothing is allocated on a simulated GPU)
     none = lambda *args, **kwargs: None  # noqa: E731
+    gpus = cuda_state.gpus
     return {
         "is_available": lambda: True,
         "is_initialized": lambda: True,
         "init": none,
-        "_lazy_init": _unsupported("a tensor on a real CUDA device"),
-        "device_count": lambda: _get().device_count,
-        "current_device": lambda: _get().current,
+        "_lazy_init": none,
+        "device_count": lambda: gpus().count,
+        "current_device": lambda: gpus().current,
         "set_device": _set_device,
         "device": _device,
-        "get_device_name": lambda device=None: f"Simulated CUDA device {_get().index(device)} (accel.sim, on CPU)",
+        "get_device_name": lambda device=None: f"Simulated CUDA GPU {_index(device)} (accel.sim, on CPU)",
         "get_device_capability": lambda device=None: (8, 0),
         "is_bf16_supported": lambda including_emulation=True: True,
         "synchronize": lambda device=None: None,
@@ -210,20 +215,24 @@ def _patches() -> dict[str, Any]:
         "max_memory_reserved": zero,
         "reset_peak_memory_stats": none,
         "reset_max_memory_allocated": none,
-        "mem_get_info": _unsupported("torch.cuda.mem_get_info()"),
-        "get_device_properties": _unsupported("torch.cuda.get_device_properties()"),
-        "current_stream": _unsupported("torch.cuda.current_stream()"),
-        "default_stream": _unsupported("torch.cuda.default_stream()"),
-        "stream": _unsupported("torch.cuda.stream()"),
-        "get_rng_state": _get_rng_state,
-        "set_rng_state": _set_rng_state,
-        "get_rng_state_all": _get_rng_state_all,
+        "mem_get_info": _unsupported("torch.cuda.mem_get_info()", "a simulated GPU has no memory of its own"),
+        "get_device_properties": _unsupported(
+            "torch.cuda.get_device_properties()", "there is no GPU whose properties could be reported"
+        ),
+        "Stream": Stream,
+        "Event": Event,
+        "current_stream": lambda device=None: Stream(device),
+        "default_stream": lambda device=None: Stream(device),
+        "stream": lambda stream=None: contextlib.nullcontext(stream),
+        "get_rng_state": lambda device="cuda": _generator(device).get_state(),
+        "set_rng_state": lambda new_state, device="cuda": _generator(device).set_state(new_state.clone()),
+        "get_rng_state_all": lambda: [g.get_state() for g in gpus().generators],
         "set_rng_state_all": _set_rng_state_all,
-        "manual_seed": _manual_seed,
+        "manual_seed": lambda seed: _generator().manual_seed(int(seed)),
         "manual_seed_all": _manual_seed_all,
-        "seed": _seed,
-        "seed_all": _seed_all,
-        "initial_seed": _initial_seed,
+        "seed": lambda: _generator().seed(),
+        "seed_all": lambda: _manual_seed_all(random.getrandbits(63)),  # one fresh seed for all, like torch
+        "initial_seed": lambda: _generator().initial_seed(),
     }
 
 
@@ -233,78 +242,108 @@ _RNG_NAMES = (
 )  # fmt: skip
 
 
-def install(local_rank: int | None = None, device_count: int | None = None) -> None:
-    """Patch `torch.cuda` in this process to answer for `device_count` simulated GPUs.
+class _HiddenDeviceModule:
+    """`torch.simcuda`: what torch asks the module of the device under the simulated tensors."""
 
-    Defaults come from the launcher's environment: `LOCAL_WORLD_SIZE` GPUs, the current
-    one being `LOCAL_RANK` (as `set_device(local_rank)` would make it). Idempotent.
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def device_count() -> int:
+        return cuda_state.gpus().count
+
+    @staticmethod
+    def current_device() -> int:
+        return cuda_state.gpus().current
+
+    @staticmethod
+    def set_device(device: Any) -> None:
+        _set_device(device)
+
+    @staticmethod
+    def manual_seed_all(seed: int) -> None:
+        _manual_seed_all(seed)
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return [torch.float16, torch.bfloat16]
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        return None
+
+
+_registered: list[bool] = []
+
+
+def _record_stream(original: Callable[..., Any]) -> Callable[..., Any]:
+    def record_stream(self: torch.Tensor, stream: Any) -> None:
+        """`Tensor.record_stream`: with one stream per simulated GPU there is nothing to record."""
+        if isinstance(stream, Stream):
+            return None
+        return original(self, stream)
+
+    return record_stream
+
+
+def install(local_rank: int | None = None, device_count: int | None = None) -> None:
+    """Give this rank process `device_count` simulated GPUs, `local_rank` being current.
+
+    Defaults come from the launcher's environment (`LOCAL_WORLD_SIZE`, `LOCAL_RANK`).
+    Call it only in a simulated rank: what it registers in torch lasts as long as the process.
     """
-    global _fake
+    torch_internals.check_supported()
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     if device_count is None:
         device_count = int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
-    if _fake is not None:
-        uninstall()
-    _fake = _FakeCuda(max(device_count, 1), local_rank % max(device_count, 1))
+    count = max(device_count, 1)
+    cuda_state.install(count, local_rank % count)
+    if not _registered:
+        torch_internals.register_python_backend(cuda_state.HIDDEN_DEVICE, _HiddenDeviceModule())
+        # The hidden device's guard reports one device: autograd then runs every node on
+        # the thread that called backward() (the results are the same).
+        torch.autograd.set_multithreading_enabled(False)
+        cuda_kernels.install()
+        cuda_autocast.install()
+        cuda_checkpoint.install()
+        torch_internals.allow_foreach(cuda_tensor.SimCudaTensor)
+        cuda_group.register()
+        torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]
+        _registered.append(True)
+    cuda_tensor.set_device_count(count)
     for name, replacement in _patches().items():
         # The RNG functions live in torch.cuda.random and are re-exported by torch.cuda.
         modules = (torch.cuda, torch.cuda.random) if name in _RNG_NAMES else (torch.cuda,)
         for module in modules:
-            _originals.setdefault((module, name), getattr(module, name, None))
             setattr(module, name, replacement)
 
 
-def uninstall() -> None:
-    """Restore the real `torch.cuda` functions."""
-    global _fake
-    for (module, name), original in _originals.items():
-        if original is None:
-            delattr(module, name)
-        else:
-            setattr(module, name, original)
-    _originals.clear()
-    _fake = None
-
-
 def reset(local_rank: int | None = None) -> None:
-    """Between tests: current device back to `local_rank`, generators reseeded to torch's default."""
+    """Between tests: current GPU back to `local_rank`, generators to torch's default seed, autocast off."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
-    fake = _get()
-    fake.reset(local_rank % fake.device_count)
+    gpus = cuda_state.gpus()
+    gpus.reset(local_rank % gpus.count)
+    cuda_autocast.reset()
 
 
-@contextlib.contextmanager
-def installed(local_rank: int = 0, device_count: int = 1) -> Iterator[None]:
-    """Fake CUDA for the duration of a block (single-process tests)."""
-    install(local_rank, device_count)
-    try:
-        yield
-    finally:
-        uninstall()
+# -- the backend ------------------------------------------------------------------------------------------
 
 
 class SimCUDABackend(CUDABackend):
-    """The real CUDA backend with its hardware touch points moved to the CPU and Gloo."""
+    """The real CUDA backend, its process group carried by Gloo (`accel.sim.cuda_group`)."""
 
     name = "sim_cuda"
-    comm_backend = "gloo"
-    autocast_device_type = "cpu"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._index: int | None = None
+    comm_backend = cuda_group.BACKEND_NAME
 
     @classmethod
     def is_available(cls) -> bool:
         return is_installed()
-
-    def _cuda_device(self, index: int) -> torch.device:
-        # Tensors live on the CPU; remember which simulated GPU this rank was given.
-        self._index = index
-        return torch.device("cpu")
-
-    def set_device(self, device: torch.device) -> None:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        elif self._index is not None:
-            torch.cuda.set_device(self._index)

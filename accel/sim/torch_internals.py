@@ -61,6 +61,7 @@ INTERNALS: dict[str, str] = {
     "torch._tensor_str._tensor_str": "printing a simulated tensor as a CUDA tensor prints",
     "torch._utils._rebuild_tensor": "checkpoints tagged cuda:k load back on that simulated GPU",
     "torch.optim.optimizer._foreach_supported_types": "optimizers take the foreach path as on a real GPU",
+    "torch._C._distributed_c10d._create_work_from_future": "the simulated NCCL group returns finished work",
 }
 
 
@@ -136,7 +137,12 @@ def sync_metadata(wrapper: torch.Tensor, inner: torch.Tensor) -> None:
     if _META_KEYS is None:
         _META_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
     torch.ops.aten.set_.source_Storage_storage_offset.redispatch(
-        _META_KEYS, wrapper, wrapper.untyped_storage(), inner.storage_offset(), inner.size(), inner.stride()
+        _META_KEYS,
+        wrapper,
+        torch.Tensor.untyped_storage(wrapper),  # the wrapper's own (empty) storage, not the inner one
+        inner.storage_offset(),
+        inner.size(),
+        inner.stride(),
     )
 
 
@@ -242,6 +248,21 @@ def autocast_op_lists() -> dict[str, list[tuple[str, str]]]:
     return lists
 
 
+def native_functions_yaml() -> str | None:
+    """Path of the op declarations torch ships (in its `torchgen` package), or None without them.
+
+    They say how each op checks devices on CUDA (TensorIterator or argument by argument)
+    and the name of its generated CUDA wrapper, which the GPU's error messages quote.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("torchgen")
+    if spec is None or spec.origin is None:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "packaged", "ATen", "native", "native_functions.yaml")
+    return path if os.path.exists(path) else None
+
+
 # -- checkpoints and optimizers ------------------------------------------------------------------
 
 
@@ -275,3 +296,19 @@ def allow_foreach(cls: type) -> None:
     supported: list[Any] = optimizer._foreach_supported_types
     if cls not in supported:
         supported.append(cls)
+
+
+# -- process groups ------------------------------------------------------------------------------
+
+
+def completed_work(result: Any) -> Any:
+    """A finished `dist.Work` whose future holds `result` (what a Python process group returns).
+
+    torch's Python process groups must return a Work; only this private factory builds one
+    from a future (`dist.Work` itself cannot be completed from Python).
+    """
+    from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]  # not in stubs
+
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(result)
+    return _create_work_from_future(future)

@@ -176,7 +176,10 @@ def test_checkpoint_mid_epoch_then_identical_continuation(tmp_path, world_size):
     acc.load_state(tmp_path / "ckpt")
     _train(acc, model, opt, sched, loader, epochs=3, start_epoch=1)
     resumed = _params_on_every_rank(acc, model)
-    assert torch.equal(resumed, uninterrupted)
+    # The resumed DDP reduces its first synchronised step with its buckets in parameter
+    # order (they are rebuilt in gradient order after it), so ranks are summed in another
+    # order there: on 4 ranks the weights may differ by float rounding.
+    torch.testing.assert_close(resumed, uninterrupted, rtol=0, atol=1e-6)
 
 
 @distributed_test(world_size=SIZES, device=DEVICES)
@@ -296,3 +299,25 @@ def test_scheduler_learning_rates_equal_accelerates_under_accumulation(world_siz
     assert len(ours) == 12 and ours == pytest.approx(theirs, rel=1e-12)
     # 4 optimizer steps, each advancing once per process (once with split batches)
     assert sched.scheduler.last_epoch == 4 * (1 if split else world_size)
+
+
+@distributed_test(world_size=SIZES, device=["cpu", "cuda"])
+def test_join_warns_where_accelerate_warns(world_size):
+    """A model that is not DDP, and an iterable loader under an even_batches override: warnings, no error."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from accel.accelerator import Accelerator
+
+    class Numbers(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(4 * world_size, dtype=torch.float32))
+
+    acc = Accelerator()
+    model, loader = acc.prepare(_model(), DataLoader(Numbers(), batch_size=2))
+    with pytest.warns(UserWarning, match="none was given: it has no effect"):
+        with acc.join_uneven_inputs([acc.unwrap_model(model)]):
+            pass
+    with pytest.warns(UserWarning, match="left as they are: DataLoader"):
+        with acc.join_uneven_inputs([model], even_batches=False):
+            assert len(list(loader)) == 2
+    assert acc.even_batches

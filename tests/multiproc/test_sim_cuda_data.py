@@ -1,0 +1,104 @@
+"""Data, checkpoints and random numbers on simulated GPUs."""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from harness import distributed_test
+
+SIZES = [2, 4]
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_pinned_loader_non_blocking_copies_streams_and_events(rank):
+    dataset = TensorDataset(torch.arange(8.0)[:, None], torch.arange(8))
+    seen = []
+    for x, y in DataLoader(dataset, batch_size=4, pin_memory=True):
+        x, y = x.to("cuda", non_blocking=True), y.cuda(non_blocking=True)
+        assert x.device == y.device == torch.device("cuda", rank)
+        seen.append(x.sum().item())
+    torch.cuda.synchronize()
+    assert seen == [6.0, 22.0]
+    assert torch.ones(2).pin_memory().device.type == "cpu"
+
+    side = torch.cuda.Stream()
+    x = torch.ones(3, device="cuda")
+    with torch.cuda.stream(side):
+        y = x * 2
+    torch.cuda.current_stream().wait_stream(side)
+    y.record_stream(torch.cuda.current_stream())
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    assert done.query() and side.query() and y.tolist() == [2.0, 2.0, 2.0]
+    assert torch.cuda.current_stream().device == torch.device("cuda", rank)
+
+
+def _locations(path):
+    """The storage locations a checkpoint file records (what a GPU host would read)."""
+    seen = []
+    torch.load(path, map_location=lambda storage, location: seen.append(location) or storage)
+    return seen
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_checkpoints_record_and_restore_the_gpu(rank, world_size, tmp_path):
+    model = torch.nn.Linear(3, 2).cuda()
+    path = tmp_path / f"rank{rank}.pt"
+    torch.save({"model": model.state_dict(), "step": torch.tensor(7, device="cuda"), "host": torch.ones(2)}, path)
+    assert sorted(set(_locations(path))) == ["cpu", f"cuda:{rank}"]
+
+    loaded = torch.load(path)
+    assert loaded["model"]["weight"].device == torch.device("cuda", rank) and loaded["host"].device.type == "cpu"
+    assert torch.equal(loaded["model"]["weight"].cpu(), model.weight.detach().cpu())
+    assert loaded["step"].item() == 7
+
+    on_host = torch.load(path, map_location="cpu")
+    assert type(on_host["model"]["weight"]) is torch.Tensor and on_host["model"]["weight"].device.type == "cpu"
+    other = (rank + 1) % world_size
+    moved = torch.load(path, map_location={f"cuda:{rank}": f"cuda:{other}"})
+    assert moved["model"]["bias"].device == torch.device("cuda", other)
+    assert torch.load(path, map_location=torch.device("cuda", other))["step"].device.index == other
+
+    fresh = torch.nn.Linear(3, 2).cuda()
+    fresh.load_state_dict(torch.load(path, weights_only=True)["model"])
+    assert torch.equal(fresh.weight.detach().cpu(), model.weight.detach().cpu())
+
+    # a checkpoint naming a GPU this host does not have fails as on a GPU host
+    with pytest.raises(RuntimeError) as info:
+        torch.load(path, map_location={f"cuda:{rank}": f"cuda:{world_size + 1}"})
+    assert str(info.value) == (
+        f"Attempting to deserialize object on CUDA device {world_size + 1} but torch.cuda.device_count() is "
+        f"{world_size}. Please use torch.load with map_location to map your storages to an existing device."
+    )
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_each_simulated_gpu_has_its_own_generator(rank, world_size):
+    other = (rank + 1) % world_size
+    cpu_state = torch.get_rng_state()
+    torch.cuda.manual_seed(5)
+    first = torch.randn(4, device="cuda")
+    torch.cuda.manual_seed(5)
+    assert torch.equal(torch.randn(4, device="cuda").cpu(), first.cpu())
+    assert torch.equal(torch.get_rng_state(), cpu_state)  # GPU draws leave the CPU generator alone
+
+    other_state = torch.cuda.get_rng_state(other)
+    torch.rand(10, device="cuda")
+    torch.nn.functional.dropout(torch.ones(10, device="cuda"), 0.5)
+    assert torch.equal(torch.cuda.get_rng_state(other), other_state)  # and the other GPUs' generators
+
+    snapshot = torch.cuda.get_rng_state()
+    a = torch.rand(3, device="cuda")
+    torch.cuda.set_rng_state(snapshot)
+    assert torch.equal(torch.rand(3, device="cuda").cpu(), a.cpu())
+
+    before = torch.cuda.get_rng_state()
+    with torch.random.fork_rng(devices=[rank], device_type="cuda"):
+        torch.cuda.manual_seed(99)
+        torch.rand(3, device="cuda")
+    assert torch.equal(torch.cuda.get_rng_state(), before)
+
+    torch.manual_seed(11)  # torch seeds every GPU's generator too, as on a GPU host
+    assert all(torch.equal(s, torch.cuda.get_rng_state(0)) for s in torch.cuda.get_rng_state_all())
+    assert torch.cuda.initial_seed() == 11
