@@ -209,3 +209,59 @@ def test_a_run_killed_mid_epoch_restarts_and_ends_with_the_uninterrupted_weights
     code = cli.main(["launch", "--simulate", "cpu", *fault, EXAMPLE, "--output_dir", str(failed)])
     assert code == 128 + signal.SIGKILL
     assert not (failed / "final.pt").exists()
+
+
+RICH = """
+import os, sys, time
+from pathlib import Path
+from rich.progress import track
+
+go = Path(sys.argv[1])
+for step in track(range(3), description="work"):
+    if step == 1:  # the test creates it once it has seen the bar at 33% on its terminal
+        deadline = time.monotonic() + 60
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+print("done", flush=True)
+"""
+
+
+def test_rich_progress_renders_live_on_a_terminal(tmp_path):
+    pytest.importorskip("rich")
+    pty = pytest.importorskip("pty")
+    (tmp_path / "bar.py").write_text(RICH)
+    go = tmp_path / "go"
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [ACCEL, "launch", "--simulate", "cpu", "--num_processes", "2", "bar.py", str(go)],
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+        env=_env(),
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    os.close(slave)
+    screen = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal closed: the launcher has exited
+                break
+            if not chunk:
+                break
+            screen += chunk
+            if b" 33%" in screen and not go.exists():
+                go.touch()  # the bar moved while the rank was still running: it renders live
+        proc.wait(timeout=60)
+    finally:
+        os.close(master)
+        proc.kill()
+    text = screen.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert go.exists(), text
+    # rich redraws its line ("\r", erase line) and the prefix comes after the erase code
+    assert text.count("\r\x1b[2K[rank 0] work") >= 2, repr(text)
+    assert "[rank 1] done" in text
+    _assert_nothing_left(proc.pid)

@@ -39,6 +39,8 @@ def test_erase_line_codes_come_before_the_prefix():
     r.feed(0, 1, b"")
     r.feed(0, 0, b"\r\x1b[2Kbar 50%")
     assert out.getvalue() == "\r\x1b[2K[rank 0] bar 50%"
+    r.feed(1, 0, b"\x1b[?25hdone\n")
+    assert out.getvalue().endswith("\n\x1b[?25h[rank 1] done\n")
 
 
 def test_another_rank_never_writes_on_an_unfinished_bar_line():

@@ -168,12 +168,19 @@ def _quiet_resource_tracker() -> None:
 
 
 def _terminal_env(world_size: int, shown: frozenset[int] | None) -> dict[str, str]:
-    """On a terminal, tell the ranks its width less the rank prefix, so that a progress bar fits one line."""
-    if "COLUMNS" in os.environ or not sys.stderr.isatty():
+    """On a terminal, tell the ranks they write to one (through us) and its width less the rank prefix.
+
+    A rank writes to a file the parent relays, so libraries would otherwise draw no live
+    progress (rich) or size their bars wrongly (tqdm, rich): `TTY_COMPATIBLE` and
+    `TTY_INTERACTIVE` (rich's variables) and `COLUMNS` (read by both) fix that. A
+    variable the user set is left as it is.
+    """
+    if not sys.stderr.isatty():
         return {}
     prefixed = len(shown) != 1 if shown is not None else world_size != 1
     width = shutil.get_terminal_size().columns - (len(f"[rank {world_size - 1}] ") if prefixed else 0)
-    return {"COLUMNS": str(max(width, 20))}
+    wanted = {"COLUMNS": str(max(width, 20)), "TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"}
+    return {name: value for name, value in wanted.items() if name not in os.environ}
 
 
 def exit_code(failures: dict[int, Any]) -> int:

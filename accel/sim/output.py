@@ -23,9 +23,9 @@ import sys
 from collections.abc import Iterable
 from typing import TextIO
 
-#: erase-line control sequences a progress bar sends right after "\r": they must come
-#: before our prefix, or they would erase it
-_LEADING_ERASE = re.compile(r"^(?:\x1b\[[0-2]?K)+")
+#: control sequences a progress bar sends at the start of a line (erase the line, hide or
+#: show the cursor): they go before our prefix, or they would erase it or split it from the text
+_LEADING_CONTROLS = re.compile(r"^(?:\x1b\[[0-2]?K|\x1b\[\?25[hl])+")
 _TERMINATORS = re.compile(r"[\r\n]")
 
 
@@ -144,14 +144,12 @@ class OutputRelay:
         if self._open is not None and self._open != (rank, stream):
             self._close_other(out, stream)
         prefix = f"[rank {rank}] " if self._prefixed else ""
-        if source.after_cr:
-            erase = _LEADING_ERASE.match(piece)
-            lead = erase.group() if erase else ""
-            out.append("\r" + lead + prefix + piece[len(lead) :])
-        elif source.mid_line:
+        if source.mid_line and not source.after_cr:
             out.append(piece)
         else:
-            out.append(prefix + piece)
+            controls = _LEADING_CONTROLS.match(piece)
+            lead = controls.group() if controls else ""
+            out.append(("\r" if source.after_cr else "") + lead + prefix + piece[len(lead) :])
         source.after_cr = False
         source.mid_line = True
         self._open = (rank, stream)
