@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from accel.backends import ENV_VAR, register_backend
+from accel.sim import adopt_group
 from accel.sim.device_names import DEVICES
 
 #: directory holding the stand-in `torch_xla` package (on `sys.path` in xla ranks only)
@@ -48,11 +49,14 @@ def prepare_rank(device: str) -> None:
     else:
         _install_fake_xla()
         os.environ[ENV_VAR] = "xla"
+    # A script's own init_process_group adopts or replaces the group the rank makes next.
+    adopt_group.install(device)
 
 
 def reset_rank(device: str) -> None:
     """Between tests in a warm rank: put the simulated device back in its start-up state."""
     _check(device)
+    adopt_group.restore()  # the simulator's process group, if the last test replaced it
     if device == "cpu":
         os.environ[ENV_VAR] = "cpu"
     elif device == "cuda":

@@ -1,0 +1,203 @@
+"""A script's own `init_process_group` in a simulated rank, where the simulator made one already.
+
+A simulated rank creates its default process group before the user's code runs (ranks
+are kept warm, and accel's state is set up as on the hardware). A script written for
+torchrun then calls `dist.init_process_group("nccl")` (or `()`, `("gloo")`,
+`init_method="env://"`), which torch refuses: "trying to initialize the default process
+group twice". `install()` wraps `init_process_group` in this rank so that the script runs
+unchanged:
+
+* a request the simulator's group already answers (same backend, same world) is
+  adopted: nothing is created, the call returns as torch's does;
+* another backend this device could have (`"gloo"` on simulated GPUs, `"nccl"` where the
+  simulator chose a permissive group) replaces the simulator's group by the one asked
+  for, so that the script gets exactly the group it would get on the hardware;
+* a request the hardware could not serve (`"nccl"` without GPUs, another world size or
+  rank) fails with torch's words and what to do instead;
+* after the script's own `destroy_process_group()`, a new `init_process_group` creates a
+  fresh group (each group of a rank rendezvouses under a key prefix of its own, so
+  nothing of an earlier group is read again).
+
+`restore()` (run before every task, from `accel.sim.devices.reset_rank`) puts the
+simulator's group back if the previous task replaced it. `dist.get_backend()` names a
+group by what the script asked for. Installed in simulated ranks only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+#: the backend torch picks for `init_process_group()` without one, per simulated device:
+#: the accelerator's own (torch >= 2.6 asks `torch._C._get_accelerator()`)
+DEFAULT_BACKEND = {"cpu": "gloo", "cuda": "nccl", "xla": "gloo"}
+
+_device: str | None = None
+_original_init: Any = None
+_original_get_backend: Any = None
+#: what each group created here was asked for (what `get_backend` answers)
+_labels: dict[Any, str] = {}
+#: the simulator's own default group and its backend (None until it exists)
+_simulator: dict[str, Any] = {}
+#: groups created in this process: each rendezvouses under its own store prefix
+_generation = [0]
+
+
+class IncompatibleProcessGroupRequest(RuntimeError):
+    """`init_process_group` asked for a group this simulated rank cannot give."""
+
+
+def install(device: str) -> None:
+    """Wrap `init_process_group` and `get_backend` in this simulated rank (idempotent)."""
+    global _device, _original_init, _original_get_backend
+    _device = device
+    if device == "cuda":
+        from accel.sim import nccl_group
+
+        nccl_group.install()
+    if _original_init is not None:
+        return
+    _original_init = distributed_c10d.init_process_group
+    _original_get_backend = dist.get_backend
+
+    @functools.wraps(_original_init)
+    def init_process_group_in_simulated_rank(*args: Any, **kwargs: Any) -> None:
+        return init_process_group(*args, **kwargs)
+
+    @functools.wraps(_original_get_backend)
+    def get_backend_in_simulated_rank(group: Any = None) -> str:
+        return get_backend(group)
+
+    for module in (dist, distributed_c10d):
+        module.init_process_group = init_process_group_in_simulated_rank  # type: ignore[attr-defined]  # same signature
+    # only the public name: torch's own code must keep reading the backends it created
+    dist.get_backend = get_backend_in_simulated_rank  # type: ignore[assignment]  # same signature
+
+
+def get_backend(group: Any = None) -> str:
+    """`dist.get_backend`, naming a group created here by what its creator asked for."""
+    label = _labels.get(group if group is not None else dist.group.WORLD)
+    if label is not None:
+        return _equivalents().get(label, label)
+    from accel.sim.nccl_group import to_user
+
+    return to_user(_original_get_backend(group))
+
+
+def _normalise(backend: Any) -> str:
+    text = str(backend).lower() if backend is not None else "undefined"
+    if text == "undefined":
+        return DEFAULT_BACKEND.get(_device or "cpu", "gloo")
+    if ":" in text:
+        return ",".join(sorted(pair.strip() for pair in text.split(",")))
+    return text
+
+
+#: backends the simulator uses under its own names, and the request each answers exactly
+def _equivalents() -> dict[str, str]:
+    try:
+        from accel.sim import cuda_group
+    except ImportError:  # the simulated GPU's permissive group is not part of this build
+        return {}
+    return {cuda_group.BACKEND_NAME: "cpu:gloo,cuda:nccl"}
+
+
+def _check_possible(wanted: str, world_size: int, rank: int) -> None:
+    if "nccl" in wanted and _device != "cuda":
+        raise IncompatibleProcessGroupRequest(
+            f"Distributed package doesn't have NCCL built in (accel.sim: this rank simulates {_device!r}, where "
+            "NCCL has no GPU to run on, as on a machine without GPUs; use backend 'gloo', or simulate GPUs with "
+            "--simulate cuda / device='cuda')"
+        )
+    expected = (int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0")))
+    for name, given, have in (("world_size", world_size, expected[0]), ("rank", rank, expected[1])):
+        if given not in (-1, None) and int(given) != have:
+            raise IncompatibleProcessGroupRequest(
+                f"init_process_group({name}={given}) in a simulated rank whose launcher set {name.upper()}={have}: "
+                f"the simulator started WORLD_SIZE={expected[0]} ranks; drop the argument (torchrun's environment "
+                "gives it) or launch with that many processes"
+            )
+
+
+def init_process_group(
+    backend: Any = None,
+    init_method: str | None = None,
+    timeout: datetime.timedelta | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+) -> None:
+    """`dist.init_process_group` in a simulated rank: adopt, replace or create (module docstring)."""
+    wanted = _normalise(backend)
+    _check_possible(wanted, world_size, rank)
+    if dist.is_initialized():
+        world = dist.GroupMember.WORLD
+        if world is not _simulator.get("group"):
+            # The user's code made this one: torch's own error, as on the hardware.
+            _original_init(backend, init_method, timeout, world_size, rank, store, group_name, pg_options, device_id)
+            return
+        have = _labels.get(world, "")
+        if wanted in (have, _equivalents().get(have)):
+            return  # adopted
+        dist.destroy_process_group()
+    create(wanted, timeout, pg_options)
+
+
+def create(label: str, timeout: datetime.timedelta | None = None, pg_options: Any = None) -> None:
+    """Create the default group for backend `label` from the launcher's environment."""
+    backend: Any = label
+    if _device == "cuda":
+        from accel.sim import nccl_group
+
+        if label == "cpu:gloo,cuda:nccl" and _equivalents():
+            backend = next(iter(_equivalents()))  # the simulated GPU's group that serves both
+        else:
+            backend = nccl_group.to_torch(label)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    options: dict[str, Any] = {}
+    if timeout is not None:
+        options["timeout"] = timeout
+    if pg_options is not None:
+        options["pg_options"] = pg_options
+    rank = int(os.environ.get("RANK", "0"))
+    _original_init(backend, store=_fresh_store(world_size, timeout), world_size=world_size, rank=rank, **options)
+    _labels.clear()  # only default groups have labels, and the earlier one is gone
+    _labels[dist.GroupMember.WORLD] = label
+    if not _simulator:
+        # The first group of a rank is the simulator's own (made before any task runs).
+        _simulator.update(group=dist.GroupMember.WORLD, label=label, timeout=timeout)
+
+
+def _fresh_store(world_size: int, timeout: datetime.timedelta | None) -> Any:
+    # Rank 0 already hosts the rendezvous server on MASTER_PORT (accel.sim.worker): every
+    # rank, rank 0 included, connects to it as a client.
+    _generation[0] += 1
+    client = dist.TCPStore(
+        os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=timeout or datetime.timedelta(minutes=5),
+    )
+    return dist.PrefixStore(f"accel-sim-group/{_generation[0]}", client)
+
+
+def restore() -> None:
+    """Before a task: the simulator's group is the default group again, if a task replaced it."""
+    if not _simulator or _original_init is None:
+        return
+    world = dist.GroupMember.WORLD if dist.is_initialized() else None
+    if world is _simulator["group"]:
+        return
+    if world is not None:
+        dist.destroy_process_group()
+    create(_simulator["label"], _simulator["timeout"])
+    _simulator["group"] = dist.GroupMember.WORLD
