@@ -484,6 +484,7 @@ class Accelerator:
             use_seedable_sampler=config.use_seedable_sampler,
             non_blocking=config.non_blocking,
             data_seed=config.data_seed,
+            use_stateful_dataloader=config.use_stateful_dataloader,
         )
         _mark_prepared(prepared)
         self._dataloaders.append(prepared)
@@ -654,39 +655,16 @@ class Accelerator:
         the prepared data loaders, so that they really yield uneven batches inside.
         """
         if not self.use_distributed:
-            with self._override_even_batches(even_batches):
-                yield
+            yield  # one process: nothing to join, nothing uneven (as in Accelerate)
             return
-        from accel.joining import join_ddp_models, join_optimizer_steps
+        from accel.joining import join_ddp_models, join_optimizer_steps, override_even_batches
 
         if self._hardware.supports_join():
             join = join_ddp_models(joinables)
         else:
             join = join_optimizer_steps(self._optimizers, self._hardware)
-        with self._override_even_batches(even_batches), join:
+        with override_even_batches(self._dataloaders, even_batches), join:
             yield
-
-    @contextlib.contextmanager
-    def _override_even_batches(self, even_batches: bool | None) -> Iterator[None]:
-        if even_batches is None:
-            yield
-            return
-        samplers = []
-        for loader in self._dataloaders:
-            sampler = getattr(loader, "batch_sampler", None)
-            if not hasattr(sampler, "even_batches"):
-                raise ValueError(
-                    "join_uneven_inputs(even_batches=...) only applies to data loaders over map-style datasets "
-                    f"(a batch sampler with `even_batches`); {type(loader).__name__} has none"
-                )
-            samplers.append((sampler, sampler.even_batches))
-        for sampler, _ in samplers:
-            sampler.even_batches = even_batches
-        try:
-            yield
-        finally:
-            for sampler, previous in samplers:
-                sampler.even_batches = previous
 
     # -- saving ------------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ this module is their public home.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 from accel.data.dispatch import DataLoaderDispatcher
 from accel.data.iterable import IterableDatasetShard
 from accel.data.loaders import DataLoaderShard, DeviceLoaderWrapper, SkipDataLoader
-from accel.data.progress import loader_kwargs
+from accel.data.progress import DataLoaderStateMixin, check_device_mesh, get_sampler, loader_kwargs
 from accel.data.samplers import (
     BatchSamplerShard,
     PermutationSampler,
@@ -29,6 +30,8 @@ from accel.data.samplers import (
 
 __all__ = [
     "prepare_data_loader",
+    "DataLoaderStateMixin",
+    "get_sampler",
     "skip_first_batches",
     "BatchSamplerShard",
     "IterableDatasetShard",
@@ -95,6 +98,30 @@ def _ordered_batch_sampler(
     return batch_sampler, generator, lockstep
 
 
+@dataclasses.dataclass
+class LoaderOptions:
+    """How a prepared loader is built: the settings every builder shares.
+
+    `prepare_data_loader` makes one; each prepared loader keeps it (`_options`), so that
+    `skip_first_batches` rebuilds the loader through the same constructor path.
+    """
+
+    num_processes: int = 1
+    process_index: int = 0
+    #: where batches go (None: left where the loader puts them)
+    device: Any = None
+    rng_types: Any = None
+    non_blocking: bool = False
+    split_batches: bool = False
+    even_batches: bool = True
+    slice_fn: Callable[..., Any] | None = None
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    use_stateful_dataloader: bool = False
+    #: the original loader's drop_last
+    drop_last: bool = False
+
+
 def prepare_data_loader(
     dataloader: DataLoader,
     device: torch.device | None = None,
@@ -107,8 +134,10 @@ def prepare_data_loader(
     even_batches: bool = True,
     slice_fn_for_dispatch: Callable[..., Any] | None = None,
     use_seedable_sampler: bool = False,
-    non_blocking: bool = False,
     data_seed: int | None = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
 ) -> Any:
     """Wrap `dataloader` so that this process yields only its share of each epoch.
 
@@ -123,32 +152,34 @@ def prepare_data_loader(
             loader where it has one, e.g. XLA).
         rng_types: generators to synchronise at the start of each iteration: "torch",
             "cuda", "xla", "generator" (the sampler's, or the iterable dataset's).
-        dispatch_batches: load on the main process and broadcast slices (default: True
-            for iterable datasets).
+        dispatch_batches: load on the main process and broadcast slices (default, as in
+            Accelerate: True for iterable datasets when `put_on_device`, else False).
         even_batches: complete a short end of the data with samples from the start so
             that every process yields as many batches, all of one size (False: the last
             batches differ). The loader's `drop_last` drops the short end instead.
+            One process is left as it is.
         slice_fn_for_dispatch: how a process takes its rows of a dispatched batch.
         use_seedable_sampler: shuffle with `SeedableRandomSampler` (order from seed and
             epoch only: reproducible, same on every process).
-        non_blocking: asynchronous host-to-device copies.
         data_seed: the seed of the shuffling order (default: drawn once, shared by all processes).
+        non_blocking: asynchronous host-to-device copies.
+        use_stateful_dataloader: load through torchdata's `StatefulDataLoader` (its state
+            is then part of the loader's `state_dict`).
+        torch_device_mesh: accepted for compatibility; only None (plain data parallelism).
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader() takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+    check_device_mesh(torch_device_mesh)
     if num_processes is None or process_index is None:
         state = _partial_state()
         num_processes = state.num_processes if num_processes is None else num_processes
         process_index = state.process_index if process_index is None else process_index
     check_process(num_processes, process_index)
-    dataset = dataloader.dataset
-    iterable = isinstance(dataset, IterableDataset)
+    iterable = isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches is None:
-        dispatch_batches = iterable
+        dispatch_batches = iterable and put_on_device
     if put_on_device and device is None:
         device = _partial_state().device
-    target = device if put_on_device else None
-    kwargs = loader_kwargs(dataloader)
     batch_size = dataloader.batch_size
     if split_batches and batch_size is not None and batch_size % num_processes != 0:
         raise ValueError(
@@ -156,27 +187,93 @@ def prepare_data_loader(
             f"cannot be split across num_processes={num_processes}. Use a batch size that is a multiple of "
             f"{num_processes}, or split_batches=False."
         )
-
-    options = {"device": target, "rng_types": rng_types, "_non_blocking": non_blocking}
+    options = LoaderOptions(
+        num_processes=num_processes,
+        process_index=process_index,
+        device=device if put_on_device else None,
+        rng_types=rng_types,
+        non_blocking=non_blocking,
+        split_batches=split_batches,
+        even_batches=even_batches,
+        slice_fn=slice_fn_for_dispatch,
+        use_seedable_sampler=use_seedable_sampler,
+        data_seed=data_seed,
+        use_stateful_dataloader=use_stateful_dataloader,
+        drop_last=dataloader.drop_last,
+    )
     if dispatch_batches:
-        prepared = _dispatcher(
-            dataloader, kwargs, options, num_processes, process_index, split_batches, even_batches,
-            slice_fn_for_dispatch, use_seedable_sampler, data_seed,
-        )  # fmt: skip
+        prepared = _dispatcher(dataloader, options)
     elif iterable:
-        prepared = _shard_iterable(dataloader, kwargs, options, num_processes, process_index, split_batches)
+        prepared = _shard_iterable(dataloader, options)
     else:
-        prepared = _shard_map_style(
-            dataloader, kwargs, options, num_processes, process_index, split_batches, even_batches,
-            use_seedable_sampler, data_seed,
-        )  # fmt: skip
+        prepared = _shard_map_style(dataloader, options)
 
     if put_on_device:
-        device_loader = _partial_state().hardware.wrap_dataloader(prepared, device)
-        if device_loader is not prepared:
-            prepared.device = None  # the backend's loader places the batches
-            return DeviceLoaderWrapper(prepared, device_loader, device)
+        return _on_device(prepared, device)
     return prepared
+
+
+def _on_device(prepared: Any, device: Any) -> Any:
+    """`prepared`, fed through the backend's device loader where the hardware has one (XLA)."""
+    device_loader = _partial_state().hardware.wrap_dataloader(prepared, device)
+    if device_loader is prepared:
+        return prepared
+    prepared.device = None  # the backend's loader places the batches
+    return DeviceLoaderWrapper(prepared, device_loader, device)
+
+
+def _build(
+    cls: type,
+    dataset: Any,
+    options: LoaderOptions,
+    batches: dict[str, Any],
+    kwargs: dict[str, Any],
+    generator: torch.Generator | None = None,
+    lockstep: bool = False,
+    skip_batches: int = 0,
+    iteration: int = 0,
+) -> Any:
+    """The one constructor path of prepared loaders (`DataLoaderShard` or `DataLoaderDispatcher`).
+
+    `batches` says how batches are formed (batch_sampler, or sampler / batch_size /
+    drop_last), `kwargs` are the worker and collation arguments of the original loader.
+    """
+    common = dict(
+        device=options.device,
+        rng_types=options.rng_types,
+        synchronized_generator=generator,
+        skip_batches=skip_batches,
+        use_stateful_dataloader=options.use_stateful_dataloader,
+        iteration=iteration,
+        _drop_last=options.drop_last,
+        _non_blocking=options.non_blocking,
+    )
+    if cls is DataLoaderDispatcher:
+        common.update(split_batches=options.split_batches, even_batches=options.even_batches, slice_fn=options.slice_fn)
+    prepared = cls(dataset, **common, **batches, **kwargs)
+    prepared._options = options
+    prepared._generator_in_lockstep = lockstep
+    return prepared
+
+
+def _options_of(loader: Any) -> LoaderOptions:
+    """The options `loader` was built with, as it stands now (also for a loader built by hand)."""
+    options = getattr(loader, "_options", None)
+    if options is None:
+        options = LoaderOptions(
+            rng_types=loader.rng_types,
+            split_batches=getattr(loader, "split_batches", False),
+            even_batches=getattr(loader, "even_batches", True),
+            slice_fn=getattr(loader, "slice_fn", None),
+        )
+    # Where the backend's device loader places the batches, the loader itself has no device.
+    return dataclasses.replace(
+        options,
+        device=loader.device,
+        non_blocking=loader.non_blocking,
+        drop_last=loader._drop_last,
+        use_stateful_dataloader=loader.use_stateful_dataloader,
+    )
 
 
 def _own_generator(dataset: Any) -> torch.Generator | None:
@@ -184,19 +281,9 @@ def _own_generator(dataset: Any) -> torch.Generator | None:
     return generator if isinstance(generator, torch.Generator) else None
 
 
-def _dispatcher(
-    dataloader: DataLoader,
-    kwargs: dict[str, Any],
-    options: dict[str, Any],
-    num_processes: int,
-    process_index: int,
-    split_batches: bool,
-    even_batches: bool,
-    slice_fn: Callable[..., Any] | None,
-    use_seedable_sampler: bool,
-    data_seed: int | None,
-) -> DataLoaderDispatcher:
+def _dispatcher(dataloader: DataLoader, options: LoaderOptions) -> DataLoaderDispatcher:
     state = _partial_state()
+    num_processes, process_index = options.num_processes, options.process_index
     if (num_processes, process_index) != (state.num_processes, state.process_index):
         raise ValueError(
             f"dispatch_batches=True broadcasts between the processes actually running ({state.num_processes}, "
@@ -206,38 +293,23 @@ def _dispatcher(
     dataset, batch_size = dataloader.dataset, dataloader.batch_size
     iterable = isinstance(dataset, IterableDataset)
     generator, lockstep = _own_generator(dataset) if iterable else None, False
+    batches: dict[str, Any]
     if iterable or dataloader.batch_sampler is None:
-        kwargs.update(batch_size=batch_size, drop_last=dataloader.drop_last if batch_size is not None else False)
+        batches = {"batch_size": batch_size, "drop_last": dataloader.drop_last if batch_size is not None else False}
         if not iterable:
-            kwargs["sampler"] = dataloader.sampler
+            batches["sampler"] = dataloader.sampler
     else:
         # Only the main process draws the order, but a generator of its own makes it resumable.
-        kwargs["batch_sampler"], generator, lockstep = _ordered_batch_sampler(
-            dataloader.batch_sampler, use_seedable_sampler, data_seed, num_processes
+        batch_sampler, generator, lockstep = _ordered_batch_sampler(
+            dataloader.batch_sampler, options.use_seedable_sampler, options.data_seed, num_processes
         )
-    prepared = DataLoaderDispatcher(
-        dataset,
-        split_batches=split_batches,
-        _drop_last=dataloader.drop_last,
-        slice_fn=slice_fn,
-        synchronized_generator=generator,
-        even_batches=even_batches,
-        **options,
-        **kwargs,
-    )
-    prepared._generator_in_lockstep = lockstep
-    return prepared
+        batches = {"batch_sampler": batch_sampler}
+    return _build(DataLoaderDispatcher, dataset, options, batches, loader_kwargs(dataloader), generator, lockstep)
 
 
-def _shard_iterable(
-    dataloader: DataLoader,
-    kwargs: dict[str, Any],
-    options: dict[str, Any],
-    num_processes: int,
-    process_index: int,
-    split_batches: bool,
-) -> DataLoaderShard:
+def _shard_iterable(dataloader: DataLoader, options: LoaderOptions) -> DataLoaderShard:
     dataset, batch_size = dataloader.dataset, dataloader.batch_size
+    num_processes = options.num_processes
     generator = _own_generator(dataset)
     if num_processes > 1:
         dataset = IterableDatasetShard(
@@ -245,32 +317,17 @@ def _shard_iterable(
             batch_size=batch_size if batch_size is not None else 1,
             drop_last=dataloader.drop_last,
             num_processes=num_processes,
-            process_index=process_index,
-            split_batches=split_batches,
+            process_index=options.process_index,
+            split_batches=options.split_batches,
         )
-    per_process = batch_size // num_processes if split_batches and batch_size is not None else batch_size
-    return DataLoaderShard(
-        dataset,
-        synchronized_generator=generator,
-        _drop_last=dataloader.drop_last,
-        batch_size=per_process,
-        drop_last=dataloader.drop_last if per_process is not None else False,
-        **options,
-        **kwargs,
-    )
+    per_process = batch_size // num_processes if options.split_batches and batch_size is not None else batch_size
+    batches = {"batch_size": per_process, "drop_last": dataloader.drop_last if per_process is not None else False}
+    return _build(DataLoaderShard, dataset, options, batches, loader_kwargs(dataloader), generator)
 
 
-def _shard_map_style(
-    dataloader: DataLoader,
-    kwargs: dict[str, Any],
-    options: dict[str, Any],
-    num_processes: int,
-    process_index: int,
-    split_batches: bool,
-    even_batches: bool,
-    use_seedable_sampler: bool,
-    data_seed: int | None,
-) -> DataLoaderShard:
+def _shard_map_style(dataloader: DataLoader, options: LoaderOptions) -> DataLoaderShard:
+    num_processes = options.num_processes
+    kwargs = loader_kwargs(dataloader)
     # A BatchSampler given as `sampler` (with batch_size=None) yields the batches itself.
     sampler_is_batch_sampler = dataloader.batch_sampler is None and isinstance(dataloader.sampler, BatchSampler)
     batch_sampler = dataloader.sampler if sampler_is_batch_sampler else dataloader.batch_sampler
@@ -280,36 +337,30 @@ def _shard_map_style(
                 "prepare_data_loader cannot shard a map-style DataLoader with batch_size=None across "
                 f"{num_processes} processes: give it a batch_size or a batch_sampler."
             )
-        return DataLoaderShard(dataloader.dataset, batch_size=None, sampler=dataloader.sampler, **options, **kwargs)
+        batches = {"batch_size": None, "sampler": dataloader.sampler}
+        return _build(DataLoaderShard, dataloader.dataset, options, batches, kwargs)
     batch_sampler, generator, lockstep = _ordered_batch_sampler(
-        batch_sampler, use_seedable_sampler, data_seed, num_processes
+        batch_sampler, options.use_seedable_sampler, options.data_seed, num_processes
     )
     shard = BatchSamplerShard(
         batch_sampler,
         num_processes=num_processes,
-        process_index=process_index,
-        split_batches=split_batches,
-        even_batches=even_batches,
+        process_index=options.process_index,
+        split_batches=options.split_batches,
+        # As in Accelerate, one process is left as it is (its loader is not sharded at all there).
+        even_batches=options.even_batches and num_processes > 1,
     )
-    placement = {"sampler": shard, "batch_size": None} if sampler_is_batch_sampler else {"batch_sampler": shard}
-    prepared = DataLoaderShard(
-        dataloader.dataset,
-        synchronized_generator=generator,
-        _drop_last=dataloader.drop_last,
-        **options,
-        **placement,
-        **kwargs,
-    )
-    prepared._generator_in_lockstep = lockstep
-    return prepared
+    batches = {"sampler": shard, "batch_size": None} if sampler_is_batch_sampler else {"batch_sampler": shard}
+    return _build(DataLoaderShard, dataloader.dataset, options, batches, kwargs, generator, lockstep)
 
 
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """A loader like `dataloader` that skips its first `num_batches` batches (to resume mid-epoch).
 
     Works on a plain `DataLoader`, a `DataLoaderShard` and a `DataLoaderDispatcher`
-    (and the device wrapper around them); the result is of the same kind. Batches of
-    map-style datasets are skipped in the sampler, without loading their data.
+    (and the device wrapper around them); the result is of the same kind, rebuilt
+    through the constructor path of `prepare_data_loader`. Batches of map-style
+    datasets are skipped in the sampler, without loading their data.
     """
     if num_batches < 0:
         raise ValueError(f"num_batches must be >= 0, got {num_batches}")
@@ -322,55 +373,34 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     dataset = dataloader.dataset
     kwargs = loader_kwargs(dataloader)
     map_style = not isinstance(dataset, IterableDataset)
-    if map_style and dataloader.batch_sampler is not None:
-        batches = {"batch_sampler": SkipBatchSampler(dataloader.batch_sampler, num_batches)}
-        skip = 0
-    elif map_style:
-        batches = {"batch_size": None, "sampler": SkipBatchSampler(dataloader.sampler, num_batches)}
-        skip = 0
-    else:
-        batches = {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
-        skip = num_batches
-
-    if isinstance(dataloader, DataLoaderDispatcher):
-        batches = (
-            {"batch_sampler": dataloader.batch_sampler}
-            if map_style and dataloader.batch_sampler is not None
-            else {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
-        )
-        if map_style and dataloader.batch_sampler is None:
-            batches["sampler"] = dataloader.sampler
-        new: Any = DataLoaderDispatcher(
+    if isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
+        dispatcher = isinstance(dataloader, DataLoaderDispatcher)
+        batches: dict[str, Any]
+        if map_style and dataloader.batch_sampler is not None:
+            # The dispatcher skips whole global batches itself; a shard skips in its sampler.
+            sampler = dataloader.batch_sampler
+            batches = {"batch_sampler": sampler if dispatcher else SkipBatchSampler(sampler, num_batches)}
+        elif map_style:
+            sampler = dataloader.sampler if dispatcher else SkipBatchSampler(dataloader.sampler, num_batches)
+            batches = {"batch_size": dataloader.batch_size, "sampler": sampler}
+        else:
+            batches = {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
+        skip = num_batches if dispatcher or not map_style else 0
+        return _build(
+            DataLoaderDispatcher if dispatcher else DataLoaderShard,
             dataset,
-            split_batches=dataloader.split_batches,
-            skip_batches=num_batches,
-            _drop_last=dataloader._drop_last,
-            _non_blocking=dataloader.non_blocking,
-            slice_fn=dataloader.slice_fn,
-            device=dataloader.device,
-            rng_types=dataloader.rng_types,
-            synchronized_generator=dataloader.synchronized_generator,
-            even_batches=dataloader.even_batches,
-            **batches,
-            **kwargs,
-        )
-    elif isinstance(dataloader, DataLoaderShard):
-        new = DataLoaderShard(
-            dataset,
-            device=dataloader.device,
-            rng_types=dataloader.rng_types,
-            synchronized_generator=dataloader.synchronized_generator,
+            _options_of(dataloader),
+            batches,
+            kwargs,
+            dataloader.synchronized_generator,
+            dataloader._generator_in_lockstep,
             skip_batches=skip,
-            _drop_last=dataloader._drop_last,
-            _non_blocking=dataloader.non_blocking,
-            **batches,
-            **kwargs,
+            iteration=dataloader.iteration,
         )
-        new._generator_in_lockstep = dataloader._generator_in_lockstep
-    elif map_style:
-        new = DataLoader(dataset, **batches, **kwargs)
-    else:
-        new = SkipDataLoader(dataset, skip_batches=num_batches, **batches, **kwargs)
-    if hasattr(dataloader, "iteration"):
-        new.iteration = dataloader.iteration
-    return new
+    if map_style and dataloader.batch_sampler is not None:
+        return DataLoader(dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **kwargs)
+    if map_style:
+        return DataLoader(dataset, batch_size=None, sampler=SkipBatchSampler(dataloader.sampler, num_batches), **kwargs)
+    return SkipDataLoader(
+        dataset, skip_batches=num_batches, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs
+    )

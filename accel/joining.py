@@ -18,6 +18,7 @@ prepared optimizer steps once per training step, in the order they were prepared
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -95,13 +96,54 @@ def join_optimizer_steps(optimizers: Sequence[Any], hardware: Any) -> Iterator[N
 
 @contextlib.contextmanager
 def join_ddp_models(models: Sequence[Any], **join_kwargs: Any) -> Iterator[None]:
-    """PyTorch's `Join` over the prepared models that support it (DistributedDataParallel)."""
+    """PyTorch's `Join` over the prepared models that support it (DistributedDataParallel).
+
+    Given none (a model that is not DistributedDataParallel), it warns and joins
+    nothing, as Accelerate does where it cannot join: ranks with fewer batches may then
+    hang the others at their next collective.
+    """
     Join, Joinable, _ = _join_classes()
     joinables = [m for m in models if isinstance(m, Joinable)]
     if not joinables:
-        raise ValueError(
-            "join_uneven_inputs needs a model prepared with Accelerator.prepare() on several processes "
-            "(a DistributedDataParallel model); none was found among the joinables given"
+        warnings.warn(
+            "join_uneven_inputs joins DistributedDataParallel models (prepared with Accelerator.prepare() on "
+            "several processes), but none was given: it has no effect. Pass the prepared model.",
+            stacklevel=3,
         )
+        yield
+        return
     with Join(joinables, **join_kwargs):
         yield
+
+
+@contextlib.contextmanager
+def override_even_batches(loaders: Sequence[Any], even_batches: bool | None) -> Iterator[None]:
+    """Set `even_batches` on the batch samplers of `loaders` for the block, then restore it.
+
+    Loaders without such a batch sampler (iterable datasets, dispatched batches) keep
+    their behaviour, with a warning, as in Accelerate.
+    """
+    if even_batches is None:
+        yield
+        return
+    samplers = []
+    skipped = []
+    for loader in loaders:
+        sampler = getattr(loader, "batch_sampler", None)
+        if hasattr(sampler, "even_batches"):
+            samplers.append((sampler, sampler.even_batches))
+        else:
+            skipped.append(type(loader).__name__)
+    if skipped:
+        warnings.warn(
+            "join_uneven_inputs(even_batches=...) only changes data loaders over map-style datasets that are not "
+            f"dispatched; left as they are: {', '.join(skipped)}",
+            stacklevel=3,
+        )
+    for sampler, _ in samplers:
+        sampler.even_batches = even_batches
+    try:
+        yield
+    finally:
+        for sampler, previous in samplers:
+            sampler.even_batches = previous

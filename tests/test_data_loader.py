@@ -298,7 +298,8 @@ def test_bad_process_layout_is_rejected():
 
 def test_dispatcher_rejects_batches_that_are_not_tensors():
     loader = prepare_data_loader(
-        DataLoader(Stream(4, tensors=False), batch_size=2, collate_fn=lambda items: {"text": ["a"] * len(items)})
+        DataLoader(Stream(4, tensors=False), batch_size=2, collate_fn=lambda items: {"text": ["a"] * len(items)}),
+        dispatch_batches=True,
     )
     assert isinstance(loader, DataLoaderDispatcher)
     with pytest.raises(TypeError, match=r"batch\['text'\] is a list|batch\['text'\]\[0\] is a str"):
@@ -307,7 +308,20 @@ def test_dispatcher_rejects_batches_that_are_not_tensors():
 
 def test_dispatch_needs_the_running_processes():
     with pytest.raises(ValueError, match="num_processes=2 and process_index=1"):
-        prepare_data_loader(DataLoader(Stream(4), batch_size=2), num_processes=2, process_index=1)
+        prepare_data_loader(
+            DataLoader(Stream(4), batch_size=2), num_processes=2, process_index=1, dispatch_batches=True
+        )
+
+
+@pytest.mark.parametrize("put_on_device", [False, True])
+def test_iterable_datasets_are_dispatched_by_default_only_when_put_on_device(put_on_device):
+    from accelerate.data_loader import DataLoaderDispatcher as PeerDispatcher
+    from accelerate.data_loader import prepare_data_loader as peer_prepare
+
+    ours = prepare_data_loader(DataLoader(Stream(4), batch_size=2), put_on_device=put_on_device)
+    theirs = peer_prepare(DataLoader(Stream(4), batch_size=2), put_on_device=put_on_device)
+    assert isinstance(ours, DataLoaderDispatcher) == put_on_device == isinstance(theirs, PeerDispatcher)
+    assert [values(b) for b in ours] == [[0, 1], [2, 3]]
 
 
 # -- GradientState wiring ----------------------------------------------------------------------
@@ -480,7 +494,7 @@ def test_skip_first_batches_of_shards():
 
 
 def test_skip_first_batches_of_a_dispatcher():
-    dispatcher = prepare_data_loader(DataLoader(Stream(10), batch_size=3))
+    dispatcher = prepare_data_loader(DataLoader(Stream(10), batch_size=3), dispatch_batches=True)
     skipped = skip_first_batches(dispatcher, 1)
     assert isinstance(skipped, DataLoaderDispatcher)
     assert [values(b) for b in skipped] == [[3, 4, 5], [6, 7, 8], [9]]
@@ -512,7 +526,10 @@ def test_state_dict_resumes_on_the_next_batch(kind):
                 DataLoader(Stream(20), batch_size=2), num_processes=2, process_index=1, dispatch_batches=False
             )
     elif kind == "dispatcher":
-        make = lambda: prepare_data_loader(DataLoader(Stream(20), batch_size=2))  # noqa: E731
+
+        def make():
+            return prepare_data_loader(DataLoader(Stream(20), batch_size=2), dispatch_batches=True)
+
     else:
         source = DataLoader(list(range(20)), batch_size=2, shuffle=True)
         seedable = kind == "seedable"

@@ -9,6 +9,7 @@ are broadcast in the header too, so every process raises instead of waiting fore
 
 from __future__ import annotations
 
+import builtins
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from accel.data.progress import _END, LoaderProgress
+from accel.data.progress import _END, LoaderProgress, check_device_mesh
 from accel.utils.operations import TensorInformation, concatenate, find_batch_size, recursively_apply, slice_tensors
 
 _EMPTY = object()  # this process's share of a global batch has no rows
@@ -57,13 +58,16 @@ def _clone(batch: Any) -> Any:
 class DataLoaderDispatcher(LoaderProgress, DataLoader):
     """A `DataLoader` iterated on the main process only; each process receives its slice of every batch.
 
-    The default for iterable datasets (whose samples may not be reproducible on every
-    process). A global batch is `num_processes` batches of the wrapped loader (or one,
-    with `split_batches=True`); each process gets `1 / num_processes` of its rows.
-    A short last global batch is completed with rows from the first batch
-    (`even_batches=True`; `remainder` says how many), dropped (the loader's
-    `drop_last`), or split as it is (`even_batches=False`: the last slices differ, and a
-    process whose slice is empty stops one batch earlier).
+    The default for iterable datasets when batches are put on the device (whose
+    samples may not be reproducible on every process). A global batch is
+    `num_processes` batches of the wrapped loader (or one, with `split_batches=True`);
+    each process gets `1 / num_processes` of its rows. A short last global batch is
+    completed with rows from the first batch (`even_batches=True`; `remainder` says how
+    many), dropped (the loader's `drop_last`), or split as it is (`even_batches=False`:
+    the last slices differ, and a process whose slice is empty stops one batch earlier).
+    Batches of varying sizes (a batch sampler without `batch_size`) are split in slices
+    whose sizes differ by one row at most, none lost; with `even_batches=True` a last
+    batch of fewer rows than processes is completed to one row each.
 
     Args:
         dataset, **kwargs: as for `torch.utils.data.DataLoader` (per-process batch size).
@@ -81,9 +85,12 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         dataset: Any,
         split_batches: bool = False,
         skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
         _drop_last: bool = False,
         _non_blocking: bool = False,
         slice_fn: Callable[..., Any] | None = None,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
         *,
         device: Any = None,
         rng_types: Any = None,
@@ -93,6 +100,13 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
     ) -> None:
         from accel.state import PartialState
 
+        check_device_mesh(torch_device_mesh)
+        if use_stateful_dataloader:
+            raise NotImplementedError(
+                "use_stateful_dataloader=True is not supported with dispatch_batches=True (the main process reads "
+                "several batches ahead of what it hands out). Pass dispatch_batches=False, or leave "
+                "use_stateful_dataloader=False: the dispatcher resumes mid-epoch through its own state_dict."
+            )
         super().__init__(dataset, **kwargs)
         state = PartialState()
         self.state = state
@@ -108,13 +122,9 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
                 f"cannot be split across num_processes={self.num_processes}. Use a batch size that is a multiple "
                 f"of {self.num_processes}, or split_batches=False."
             )
-        if even_batches and size is None:
-            raise ValueError(
-                "even_batches=True needs batches of a fixed size, but the data loader has no batch_size (batches "
-                "of varying sizes). Pass even_batches=False to dispatch them as they are."
-            )
         self._base_batch_size = size
         self._init_progress(device, rng_types, synchronized_generator, skip_batches, _non_blocking)
+        self.iteration = iteration
         self._first: Any = None
         self._pending: Any = _END  # main process: the prepared next global batch (_END: not fetched yet)
 
@@ -152,7 +162,13 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         """(batch, real rows, padding rows) after completing or dropping a short batch; None: dropped."""
         rows = find_batch_size(batch)
         size = self.total_batch_size
-        if size is None or rows == size or self.num_processes == 1:
+        if size is None:
+            # Batches of varying sizes: each is split as evenly as rows allow. Only a (last)
+            # batch too small to give every process a row needs completing (even_batches).
+            if rows >= self.num_processes or not self.even_batches:
+                return batch, rows, 0
+            size = self.num_processes
+        if rows == size or self.num_processes == 1:
             return batch, rows, 0
         if rows > size:
             if self.even_batches:
@@ -200,7 +216,7 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
             batch, described, rows, padding = current
             return [("batch", described, rows, padding, self._pending is None)], batch
         except Exception as error:  # every process must learn of it, or they would wait forever
-            return [("error", f"{type(error).__name__}: {error}")], error
+            return [("error", type(error).__name__, str(error))], error
 
     # -- every process ---------------------------------------------------------------------------
 
@@ -221,7 +237,13 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         if kind == "error":
             if isinstance(payload, BaseException):
                 raise payload
-            raise RuntimeError(f"DataLoaderDispatcher: the main process failed to produce a batch: {header[0][1]}")
+            _, name, message = header[0]
+            # The main process's error, of the same type where it is a built-in one (TypeError for a
+            # batch that cannot be broadcast, as in Accelerate), so that every rank can catch it alike.
+            kind_of_error = getattr(builtins, name, None)
+            if not (isinstance(kind_of_error, type) and issubclass(kind_of_error, Exception)):
+                kind_of_error = RuntimeError
+            raise kind_of_error(f"DataLoaderDispatcher: the main process failed to produce a batch: {name}: {message}")
         _, structure, rows, padding, last = header[0]
         n, r = self.num_processes, self.process_index
         if rows < n and not last:
@@ -253,7 +275,7 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         self._first, self._pending = None, _END
         if self.process_index == 0:
             source = self._global_batches(self._base_iterator(start * self._global_factor()))
-        self._begin()
+        self.begin()
         try:
             step = self._exchange(source)
             # Every process makes the same exchanges: one per global batch, one batch ahead.
@@ -274,4 +296,4 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
             self._complete_epoch()
         finally:
             self._first, self._pending = None, _END
-            self._end()
+            self.end()

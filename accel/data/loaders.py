@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from accel.data.iterable import IterableDatasetShard
-from accel.data.progress import LoaderProgress
+from accel.data.progress import _END, DataLoaderStateMixin, LoaderProgress, check_device_mesh
 
 
 class DataLoaderShard(LoaderProgress, DataLoader):
@@ -46,13 +46,18 @@ class DataLoaderShard(LoaderProgress, DataLoader):
         rng_types: Any = None,
         synchronized_generator: torch.Generator | None = None,
         skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
         _drop_last: bool = False,
         _non_blocking: bool = False,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
         **kwargs: Any,
     ) -> None:
+        check_device_mesh(torch_device_mesh)
         super().__init__(dataset, **kwargs)
         self._drop_last = _drop_last
         self._init_progress(device, rng_types, synchronized_generator, skip_batches, _non_blocking)
+        self.iteration = iteration
 
     def __len__(self) -> int:
         return max(super().__len__() - self.skip_batches, 0)
@@ -78,16 +83,19 @@ class DataLoaderShard(LoaderProgress, DataLoader):
         position = self._position
         iterator = self._base_iterator(start)
         place = self._placer()
-        self._begin()
+        self.begin()
         try:
             try:
                 current = next(iterator)
             except StopIteration:
                 self._complete_epoch()
                 return
+            stateful = self.use_stateful_dataloader
             while True:
                 if place is not None:
                     current = place(current)
+                if stateful:
+                    self._snapshot()  # before reading ahead: the state after `current`
                 try:
                     upcoming = next(iterator)
                 except StopIteration:
@@ -101,21 +109,34 @@ class DataLoaderShard(LoaderProgress, DataLoader):
             yield current
             self._complete_epoch()
         finally:
-            self._end()
+            self.end()
 
 
-class SkipDataLoader(DataLoader):
+class SkipDataLoader(DataLoaderStateMixin, DataLoader):
     """A plain `DataLoader` that drops its first `skip_batches` batches at every iteration.
 
     Used for iterable datasets, where batches cannot be skipped without reading them.
+    While iterated it is the loader `GradientState` follows (`end_of_dataloader` on its
+    last batch). `use_stateful_dataloader=True` loads through torchdata's
+    `StatefulDataLoader` (and its `state_dict`).
     """
 
-    def __init__(self, dataset: Any, skip_batches: int = 0, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any):
         super().__init__(dataset, **kwargs)
         self.skip_batches = skip_batches
 
     def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(super().__iter__(), self.skip_batches, None)
+        self.begin()
+        try:
+            iterator = itertools.islice(super().__iter__(), self.skip_batches, None)
+            current = next(iterator, _END)
+            while current is not _END:
+                upcoming = next(iterator, _END)
+                self.end_of_dataloader = upcoming is _END
+                yield current
+                current = upcoming
+        finally:
+            self.end()
 
     def __len__(self) -> int:
         return max(super().__len__() - self.skip_batches, 0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from accel.data.iterable import IterableDatasetShard
 from accel.data.samplers import BatchSamplerShard, SkipBatchSampler
@@ -55,14 +55,130 @@ def normalize_rng_types(rng_types: Any, generator: torch.Generator | None) -> li
     return [t for t in types if t != RNGType.GENERATOR or generator is not None]
 
 
-class LoaderProgress:
+def check_device_mesh(torch_device_mesh: Any) -> None:
+    """Refuse a device mesh: accel shards data over plain data parallelism only."""
+    if torch_device_mesh is not None:
+        raise NotImplementedError(
+            "torch_device_mesh is for tensor / context parallelism, which accel does not support: every process "
+            "is a data-parallel rank here. Pass torch_device_mesh=None."
+        )
+
+
+def stateful_dataloader_class() -> type:
+    """torchdata's `StatefulDataLoader`, or an ImportError that says what to install."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError as error:
+        raise ImportError(
+            "use_stateful_dataloader=True needs torchdata's StatefulDataLoader (torchdata >= 0.8), which is not "
+            "installed: `pip install torchdata`, or leave use_stateful_dataloader=False (accel's loaders resume "
+            "mid-epoch without it)."
+        ) from error
+    return StatefulDataLoader
+
+
+def stateful_variant(cls: type) -> type:
+    """`cls` loading through torchdata's `StatefulDataLoader` instead of `DataLoader` (made once per class)."""
+    name = f"Stateful{cls.__name__}"
+    module = __import__(cls.__module__, fromlist=["_"])
+    variant = module.__dict__.get(name)
+    if variant is None:
+        variant = type(name, (cls, stateful_dataloader_class()), {"__module__": cls.__module__})
+        variant.__qualname__ = name
+        setattr(module, name, variant)  # picklable by name, like the class it extends
+    return variant
+
+
+class DataLoaderStateMixin:
+    """What `GradientState` reads from the loader being iterated (Accelerate's name for it).
+
+    - `end_of_dataloader`: True while the last batch of the pass is in use;
+    - `remainder`: how many samples of the last global batch are padding added to even
+      it out (-1 while unknown).
+
+    `begin()` and `end()` register the loader with `GradientState` around a pass.
+    """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        # The loader classes take `use_stateful_dataloader=`: the instance is then of the
+        # class's Stateful... variant, and __init__ runs as usual.
+        if use_stateful_dataloader and not issubclass(cls, stateful_dataloader_class()):
+            cls = stateful_variant(cls)
+        return super().__new__(cls)
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether this loader loads through torchdata's `StatefulDataLoader`."""
+        return _is_stateful(self)
+
+    def reset(self) -> None:
+        """Forget the end of the previous pass."""
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def begin(self) -> None:
+        """Start a pass: reset, and become the loader `GradientState` follows."""
+        self.reset()
+        GradientState()._add_dataloader(self)
+
+    def end(self) -> None:
+        """End a pass: `GradientState` stops following this loader."""
+        # GradientState is imported at module level: this runs in generator finalisers,
+        # possibly while the interpreter shuts down and can no longer import.
+        GradientState()._remove_dataloader(self)
+
+    @property
+    def base_dataloader(self) -> Any:
+        """The torch loader that loads the batches: accel's loaders are `DataLoader` subclasses, so itself."""
+        return self
+
+
+def get_sampler(dataloader: Any) -> Any:
+    """The sampler that orders `dataloader`'s indices (the one inside its batch sampler)."""
+    holder = dataloader.sampler if isinstance(dataloader.sampler, BatchSampler) else dataloader.batch_sampler
+    return getattr(holder, "sampler", None)
+
+
+class LoaderProgress(DataLoaderStateMixin):
     """Mixin for `DataLoader` subclasses: epochs, RNG sync, GradientState, `state_dict`.
 
     Attributes read by `GradientState` while the loader is being iterated:
     `end_of_dataloader` (True while the last batch is in use) and `remainder` (how
     many samples of the last global batch are padding added to even it out; -1 while
     unknown).
+
+    Built with `use_stateful_dataloader=True`, a loader is its class's `Stateful...`
+    variant, loading through torchdata's `StatefulDataLoader`: its `state_dict` then
+    also holds that loader's own state (taken after the last batch handed out), and a
+    resumed pass continues from it instead of skipping batches.
     """
+
+    def get_sampler(self) -> Any:
+        """The sampler that orders the indices (see `get_sampler`)."""
+        return get_sampler(self)
+
+    def set_sampler(self, sampler: Any) -> None:
+        """Replace the sampler inside the batch sampler (and inside a sharded batch sampler's source)."""
+        holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        holder.sampler = sampler
+        if hasattr(holder, "batch_sampler"):
+            holder.batch_sampler.sampler = sampler
+
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """Hook to correct the `StatefulDataLoader` state just taken (`self.dl_state_dict`); nothing by default.
+
+        accel takes that state after the batch it hands out and before it reads ahead,
+        so it needs no correction; subclasses whose loading runs further ahead can.
+        """
+
+    def _snapshot(self) -> None:
+        """Record the `StatefulDataLoader` state as of the batches handed out so far (stateful loaders only)."""
+        if _is_stateful(self):
+            self.dl_state_dict = _stateful_base(self).state_dict(self)
+            self.adjust_state_dict_for_prefetch()
 
     def _init_progress(
         self,
@@ -90,6 +206,7 @@ class LoaderProgress:
         self._epoch_state: dict[str, Any] = {}
         self._resume: dict[str, Any] | None = None
         self._skip_now = 0
+        self.dl_state_dict: dict[str, Any] | None = None
 
     @property
     def _batches_yielded(self) -> int:
@@ -188,6 +305,8 @@ class LoaderProgress:
         self._batches_yielded = max(position, self.skip_batches)
         self._in_epoch = True
         self.__dict__.pop("_owed_gathers", None)  # left over from an epoch that was broken off
+        if resume is not None and resume.get("stateful_dataloader") is not None and _is_stateful(self):
+            return 0  # the StatefulDataLoader resumes where its state was taken
         return self._batches_yielded
 
     @staticmethod
@@ -206,16 +325,6 @@ class LoaderProgress:
         self._batches_yielded = 0
         self._in_epoch = False
 
-    def _begin(self) -> None:
-        self.end_of_dataloader = False
-        self.remainder = -1
-        GradientState()._add_dataloader(self)
-
-    def _end(self) -> None:
-        # GradientState is imported at module level: this runs in generator finalisers,
-        # possibly while the interpreter shuts down and can no longer import.
-        GradientState()._remove_dataloader(self)
-
     # -- resume ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -229,7 +338,15 @@ class LoaderProgress:
             order = self._epoch_state
         else:
             order = self._order_state(self._order_generator(), self._order_sampler())
-        return {"iteration": self.iteration, "batches_yielded": self._batches_yielded if self._in_epoch else 0, **order}
+        state = {
+            "iteration": self.iteration,
+            "batches_yielded": self._batches_yielded if self._in_epoch else 0,
+            **order,
+        }
+        if _is_stateful(self):
+            # Between passes there is nothing to resume: the next pass starts afresh.
+            state["stateful_dataloader"] = self.dl_state_dict if self._in_epoch else None
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Make the next iteration resume where `state_dict` was taken (same epoch, next batch)."""
@@ -237,6 +354,14 @@ class LoaderProgress:
             raise ValueError(f"not a data loader state (no 'batches_yielded'): keys {sorted(state_dict)}")
         self.iteration = state_dict.get("iteration", self.iteration)
         self._resume = dict(state_dict)
+        inner = state_dict.get("stateful_dataloader")
+        if inner is not None:
+            if not _is_stateful(self):
+                raise ValueError(
+                    "this data loader state was saved by a loader built with use_stateful_dataloader=True; load it "
+                    "into one built the same way (DataLoaderConfiguration(use_stateful_dataloader=True))"
+                )
+            _stateful_base(self).load_state_dict(self, inner)
 
     # -- skipping at the index level -------------------------------------------------------
 
@@ -260,7 +385,8 @@ class LoaderProgress:
         # checkpoint), so a second draw would shift dropout & co. away from the uninterrupted run.
         rng_state = torch.get_rng_state() if skip_batches else None
         try:
-            iterator = DataLoader.__iter__(self)
+            # The next loader class in line: DataLoader, or torchdata's StatefulDataLoader.
+            iterator = super().__iter__()  # type: ignore[misc]  # mixin: the DataLoader comes later in the MRO
         finally:
             self._skip_now = 0
             if rng_state is not None:
@@ -289,6 +415,18 @@ class LoaderProgress:
             return batch
 
         return place
+
+
+def _is_stateful(loader: Any) -> bool:
+    return _stateful_base(loader) is not None
+
+
+def _stateful_base(loader: Any) -> Any:
+    """torchdata's `StatefulDataLoader` class when `loader` is built on it (None otherwise)."""
+    for cls in type(loader).__mro__:
+        if cls.__name__ == "StatefulDataLoader" and cls.__module__.startswith("torchdata"):
+            return cls
+    return None
 
 
 _END = object()

@@ -89,7 +89,14 @@ class RNGType(_StrEnum):
 
     TORCH = "torch"
     CUDA = "cuda"
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NPU = "npu"
     XLA = "xla"
+    XPU = "xpu"
+    HPU = "hpu"
+    NEURON = "neuron"
     GENERATOR = "generator"
 
 
@@ -342,6 +349,8 @@ class DataLoaderConfiguration:
     use_seedable_sampler: bool = False
     non_blocking: bool = False
     data_seed: int | None = None
+    #: load through torchdata's StatefulDataLoader (its state saved by save_state)
+    use_stateful_dataloader: bool = False
 
 
 @dataclasses.dataclass

@@ -67,7 +67,9 @@ def test_dispatcher_broadcasts_one_collective_per_dtype_and_slices(rank, world_s
 def test_dispatcher_split_batches_and_padding(rank, world_size):
     from accel.data_loader import prepare_data_loader
 
-    loader = prepare_data_loader(DataLoader(Stream(2 * world_size + 1), batch_size=2 * world_size), split_batches=True)
+    loader = prepare_data_loader(
+        DataLoader(Stream(2 * world_size + 1), batch_size=2 * world_size), split_batches=True, dispatch_batches=True
+    )
     batches = [_values(b) for b in loader]
     assert batches[0] == [2.0 * rank, 2.0 * rank + 1]
     padded = [2.0 * world_size] + [float(i) for i in range(2 * world_size - 1)]
@@ -85,7 +87,9 @@ def _tenfold_slice(data, part, process_index=None, num_processes=None):
 def test_dispatcher_uses_the_given_slice_function(rank, world_size):
     from accel.data_loader import prepare_data_loader
 
-    loader = prepare_data_loader(DataLoader(Stream(2 * world_size), batch_size=2), slice_fn_for_dispatch=_tenfold_slice)
+    loader = prepare_data_loader(
+        DataLoader(Stream(2 * world_size), batch_size=2), slice_fn_for_dispatch=_tenfold_slice, dispatch_batches=True
+    )
     assert [_values(b) for b in loader] == [[20.0 * rank, 20.0 * rank + 10]]
 
 
@@ -217,7 +221,7 @@ def test_state_dict_resumes_on_the_next_batch(rank, world_size):
 
     for dispatch, iterable in ((False, False), (True, False), (False, True), (True, True)):
 
-        def make():
+        def make(iterable=iterable, dispatch=dispatch):
             data = Stream(12 * world_size) if iterable else list(range(12 * world_size))
             return prepare_data_loader(
                 DataLoader(data, batch_size=2, shuffle=not iterable), dispatch_batches=dispatch, rng_types=["generator"]

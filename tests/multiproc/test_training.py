@@ -314,10 +314,14 @@ def test_join_warns_where_accelerate_warns(world_size):
 
     acc = Accelerator()
     model, loader = acc.prepare(_model(), DataLoader(Numbers(), batch_size=2))
-    with pytest.warns(UserWarning, match="none was given: it has no effect"):
-        with acc.join_uneven_inputs([acc.unwrap_model(model)]):
-            pass
-    with pytest.warns(UserWarning, match="left as they are: DataLoader"):
-        with acc.join_uneven_inputs([model], even_batches=False):
-            assert len(list(loader)) == 2
+    with (
+        pytest.warns(UserWarning, match="none was given: it has no effect"),
+        acc.join_uneven_inputs([acc.unwrap_model(model)]),
+    ):
+        pass
+    with (
+        pytest.warns(UserWarning, match="left as they are: DataLoader"),
+        acc.join_uneven_inputs([model], even_batches=False),
+    ):
+        assert len(list(loader)) == 2
     assert acc.even_batches
