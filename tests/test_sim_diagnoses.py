@@ -81,6 +81,26 @@ def object_collectives_agree():
     return gathered, shared[0]
 
 
+def store_keys_after_tasks():
+    """Keys in the rendezvous store after each of a few simulated tasks (run inside one rank task)."""
+    import torch
+    import torch.distributed as dist
+
+    from accel.sim import collectives
+
+    watch = collectives._watch
+    task = watch.task
+    counts = []
+    for extra in range(1, 5):
+        watch.begin(task + 1000 * extra, check=True)
+        for _ in range(5):
+            dist.all_reduce(torch.ones(1))
+        dist.barrier()
+        counts.append(watch._store().num_keys())
+    watch.begin(task, check=True)
+    return counts
+
+
 def debug_level():
     import torch.distributed as dist
 
@@ -93,6 +113,14 @@ def only_rank_zero_reduces():
 
     if dist.get_rank() == 0:
         dist.all_reduce(torch.ones(2))  # LINE-LONELY
+
+
+def receive_from_a_rank_that_returned():
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.recv(torch.zeros(2), src=1)  # LINE-RECV
 
 
 def steps(count):
@@ -208,6 +236,20 @@ def test_a_rank_left_in_a_collective_is_a_deadlock_not_a_timeout(world_size, che
     assert f"line {_line('LINE-LONELY')} in only_rank_zero_reduces" in error.failures[0].stack
     assert "in all_reduce" in error.failures[0].stack
     assert not isinstance(error, DistributedTimeout)
+
+
+def test_a_receive_from_a_rank_that_returned_is_a_deadlock():
+    with pytest.raises(DistributedDeadlock) as info:
+        launch(receive_from_a_rank_that_returned, world_size=2, timeout=120)
+    assert info.value.summary.startswith(
+        f"deadlock: rank 0 waits in recv from rank 1 at {HERE}:{_line('LINE-RECV')}; rank 1 already returned"
+    )
+
+
+def test_many_tasks_leave_no_signatures_behind_in_the_store():
+    # each task deletes what the previous one left: thousands of tests do not grow the store
+    counts = [count for rank_counts in launch(store_keys_after_tasks, world_size=2) for count in rank_counts]
+    assert max(counts) - min(counts) <= 2, counts  # 4 more keys per task if they were kept
 
 
 # -- dead ranks --------------------------------------------------------------------------

@@ -70,6 +70,10 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gather_object": ((), ("dst", "group_dst")),
     "scatter_object_list": ((), ("src", "group_src")),
 }
+#: blocking point-to-point calls -> the argument naming the peer: not checked nor
+#: counted as collectives, but shown on the board (a recv from a rank that has returned
+#: is a deadlock too)
+POINT_TO_POINT = {"send": "dst", "recv": "src"}
 
 #: source trees whose frames are not "the user's code" when naming where a collective was called
 _LIBRARY_DIRS = tuple(
@@ -85,6 +89,8 @@ class _Watch:
         self.rank = 0
         self.depth = 0
         self.count = 0
+        #: every watched call of the task, point-to-point ones included (the parent sees progress)
+        self.calls = 0
         self.check = False
         self.task = 0
         self.sequences: dict[str, int] = {}
@@ -95,15 +101,23 @@ class _Watch:
     # -- per task ---------------------------------------------------------------------
 
     def begin(self, task: int, check: bool) -> None:
-        self.task, self.check, self.count, self.depth = task, check, 0, 0
-        self.sequences.clear()
-        self.prefix_store = None
+        self._forget_previous_task()
+        self.task, self.check, self.count, self.calls, self.depth = task, check, 0, 0, 0
         self._idle()
 
     def end(self) -> None:
         self.check = False
-        self.prefix_store = None
         self._idle()
+
+    def _forget_previous_task(self) -> None:
+        # The last two signatures of each group are still in the store. Every rank ended
+        # the previous task before this one began, so no peer reads them any more.
+        if self.prefix_store is not None:
+            for group_name, seq in self.sequences.items():
+                for old in range(max(1, seq - 1), seq + 1):
+                    self.prefix_store.delete_key(f"{group_name}/{old}/{self.rank}")
+        self.sequences.clear()
+        self.prefix_store = None
 
     # -- per call ---------------------------------------------------------------------
 
@@ -111,6 +125,14 @@ class _Watch:
         group = _argument("group", index, args, kwargs)
         if group is c10d.GroupMember.NON_GROUP_MEMBER:
             return original(*args, **kwargs)  # torch does nothing on a rank outside the group
+        self.calls += 1
+        if name in POINT_TO_POINT:
+            peer = _argument(POINT_TO_POINT[name], index, args, kwargs)
+            self._waiting(name, [peer] if isinstance(peer, int) else _group_of(group)[0])
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._idle()
         self.count += 1
         if faults.armed():
             faults.at_collective(self.count)
@@ -172,7 +194,8 @@ class _Watch:
     def _waiting(self, name: str, ranks: list[int]) -> None:
         if self.board is None:
             return
-        data = json.dumps({"op": name, "count": self.count, "ranks": ranks}).encode()[: BOARD_SIZE - 2]
+        board = {"op": name, "count": self.count, "call": self.calls, "ranks": ranks}
+        data = json.dumps(board).encode()[: BOARD_SIZE - 2]
         self.board[1 : 1 + len(data)] = data
         self.board[1 + len(data)] = 0
         self.board[0] = ord("W")
@@ -193,7 +216,7 @@ def install(workdir: str, rank: int) -> None:
         handle.write(b"I" + b"\0" * (BOARD_SIZE - 1))
     with open(path, "r+b") as handle:
         _watch.board = mmap.mmap(handle.fileno(), BOARD_SIZE)
-    for name in RULES:
+    for name in (*RULES, *POINT_TO_POINT):
         original = getattr(c10d, name, None)
         if original is None or hasattr(original, "__accel_original__"):
             continue

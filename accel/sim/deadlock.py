@@ -68,7 +68,7 @@ class Watch:
         if len(waiting) < len(pending) or not doomed:
             self._seen = None
             return {}
-        snapshot = {rank: board.get("count", 0) for rank, board in waiting.items()}
+        snapshot = {rank: board.get("call", 0) for rank, board in waiting.items()}
         now = time.monotonic()
         if snapshot != self._seen:
             self._seen, self._since = snapshot, now
@@ -99,7 +99,10 @@ def user_location(stack: str) -> str:
 
 def describe_wait(board: dict[str, Any], stack: str) -> str:
     """e.g. "waits in all_reduce (its collective #3) at /path/test_x.py:12"."""
-    op, count = board.get("op", "a collective"), board.get("count", "?")
+    op, count, ranks = board.get("op", "a collective"), board.get("count", "?"), board.get("ranks", [])
+    if op in ("send", "recv"):
+        peer = f" {'to' if op == 'send' else 'from'} rank {ranks[0]}" if len(ranks) == 1 else ""
+        return f"waits in {op}{peer} at {user_location(stack)}"
     return f"waits in {op} (its collective #{count}) at {user_location(stack)}"
 
 
