@@ -17,6 +17,7 @@ from accel.utils.dataclasses import (
     InitProcessGroupKwargs,
     ProfileKwargs,
     ProjectConfiguration,
+    RNGType,
 )
 
 
@@ -110,4 +111,8 @@ def test_configurations_defaults():
 
 def test_enums_compare_to_strings():
     assert DistributedType.MULTI_GPU == "MULTI_GPU" and str(DistributedType.XLA) == "XLA"
-    assert DistributedType.list() == ["NO", "MULTI_CPU", "MULTI_GPU", "XLA"]
+    from accelerate.utils import DistributedType as PeerDistributedType
+    from accelerate.utils import RNGType as PeerRNGType
+
+    assert DistributedType.list() == [m.value for m in PeerDistributedType]
+    assert RNGType.list() == [m.value for m in PeerRNGType]

@@ -329,3 +329,24 @@ def test_type_checking_imports_mirror_the_exports_table(module):
             assert alias.asname == alias.name, f"{alias.name}: re-export it as `{alias.name} as {alias.name}`"
             seen.setdefault(node.module, set()).add(alias.name)
     assert seen == {m: set(names) for m, names in module._EXPORTS.items()}
+
+
+# -- unwrapping -----------------------------------------------------------------------------------
+
+
+def test_extract_model_from_parallel_recursive_unwraps_submodules():
+    from accel.utils import extract_model_from_parallel
+
+    inner = torch.nn.Linear(2, 2)
+    model = torch.nn.Sequential(torch.nn.DataParallel(inner), torch.nn.ReLU())
+    same = extract_model_from_parallel(model)
+    assert same is model and isinstance(model[0], torch.nn.DataParallel)  # not recursive: submodules untouched
+    extract_model_from_parallel(model, recursive=True)
+    assert model[0] is inner
+
+
+def test_leaf_tests():
+    from accel.utils.operations import TensorInformation, is_tensor_information, is_torch_tensor
+
+    assert is_torch_tensor(torch.ones(1)) and not is_torch_tensor([1])
+    assert is_tensor_information(TensorInformation((1,), torch.float32)) and not is_tensor_information(torch.ones(1))

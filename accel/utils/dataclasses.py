@@ -335,7 +335,8 @@ class GradientAccumulationPlugin(KwargsHandler):
     def __post_init__(self) -> None:
         if self.num_steps is not None and (not isinstance(self.num_steps, int) or self.num_steps < 1):
             raise ValueError(
-                f"GradientAccumulationPlugin.num_steps must be a positive integer (or None for 1), got {self.num_steps!r}"
+                "GradientAccumulationPlugin.num_steps must be a positive integer (or None for 1), "
+                f"got {self.num_steps!r}"
             )
 
 

@@ -27,24 +27,37 @@ def _is_parallel_wrapper(module: Any) -> bool:
 
 
 def extract_model_from_parallel(
-    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = False
+    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False
 ) -> torch.nn.Module:
     """The user's module inside DDP / DataParallel / `torch.compile` wrappers.
 
     `keep_fp32_wrapper=False` also removes the mixed-precision forward that `prepare()`
     installed, so the returned module computes in its own dtype again.
-    `keep_torch_compile=True` keeps the outer compiled wrapper (with its inside unwrapped).
+    `keep_torch_compile=True` (the default, as in Accelerate) keeps the outer compiled
+    wrapper, with its inside unwrapped; False returns the plain module. `recursive=True`
+    also unwraps data-parallel wrappers found among the submodules.
     """
     compiled = model if is_compiled_module(model) else None
-    inner = model._orig_mod if compiled is not None else model
+    inner: Any = model._orig_mod if compiled is not None else model
     while _is_parallel_wrapper(inner) or is_compiled_module(inner):
         inner = inner._orig_mod if is_compiled_module(inner) else inner.module
+    if recursive:
+        _unwrap_submodules(inner)
     if not keep_fp32_wrapper:
         remove_autocast_forward(inner)
     if keep_torch_compile and compiled is not None:
         compiled._orig_mod = inner
         return compiled
     return inner
+
+
+def _unwrap_submodules(module: torch.nn.Module) -> None:
+    """Replace, in place, every data-parallel wrapper among the submodules by the module it wraps."""
+    for name, child in list(module.named_children()):
+        while _is_parallel_wrapper(child):
+            child = child.module
+        setattr(module, name, child)
+        _unwrap_submodules(child)
 
 
 class AutocastForward:

@@ -30,8 +30,17 @@ class DistributedOperationException(RuntimeError):
 # -- walking nested structures --------------------------------------------------------
 
 
-def is_tensor(obj: Any) -> bool:
+def is_torch_tensor(obj: Any) -> bool:
+    """Whether `obj` is a `torch.Tensor` (the default leaf test of `recursively_apply`)."""
     return isinstance(obj, torch.Tensor)
+
+
+is_tensor = is_torch_tensor
+
+
+def is_tensor_information(obj: Any) -> bool:
+    """Whether `obj` is a `TensorInformation` (a tensor described by `get_data_structure`)."""
+    return isinstance(obj, TensorInformation)
 
 
 class CannotPadNestedTensorWarning(UserWarning):
@@ -63,7 +72,7 @@ def recursively_apply(
     func: Callable[..., Any],
     data: Any,
     *args: Any,
-    test_type: Callable[[Any], bool] = is_tensor,
+    test_type: Callable[[Any], bool] = is_torch_tensor,
     error_on_other_type: bool = False,
     **kwargs: Any,
 ) -> Any:
@@ -376,12 +385,13 @@ def _gather_one(hardware: Any, world: int, t: torch.Tensor) -> torch.Tensor:
     return hardware.all_gather_into(out, t)
 
 
-def gather_object(obj: Any) -> list[Any]:
+def gather_object(object: Any) -> list[Any]:  # noqa: A002  (Accelerate's parameter name)
     """Gather a picklable object from every process.
 
     Lists and tuples are concatenated in rank order (`[a, b]` on two ranks gives
     `[a0, b0, a1, b1]`); any other object gives the list of every rank's object.
     """
+    obj = object
     state = _state()
     if state.num_processes == 1:
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]

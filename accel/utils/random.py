@@ -54,6 +54,11 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
     the active backend) or "generator" (the `generator` passed in).
     """
     rng_type = RNGType(rng_type) if rng_type is not None else RNGType.TORCH
+    if rng_type not in (RNGType.TORCH, RNGType.GENERATOR, RNGType.CUDA, RNGType.XLA):
+        raise NotImplementedError(
+            f"synchronize_rng_state({rng_type.value!r}): accel runs on CPUs, CUDA GPUs and XLA devices only; "
+            "use 'torch', 'cuda', 'xla' or 'generator'"
+        )
     state = _state()
     hardware = state.hardware
     if rng_type == RNGType.TORCH:
