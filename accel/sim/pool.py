@@ -172,7 +172,8 @@ class RankPool:
             for rank, proc in enumerate(self._procs):
                 if proc.sentinel in signalled:
                     failure = self._death(rank)
-                    failure.hint = guard.main_guard_hint()
+                    if not failure.stderr:  # it died before its output was captured: while importing __main__?
+                        failure.hint = guard.main_guard_hint()
                     self._start_failed({rank: failure}, "death")
 
     def _start_failed(self, failures: dict[int, RankFailure], why: str) -> None:
