@@ -90,6 +90,22 @@ class SimNcclGroup(_ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802  (torch's name for it)
         return NCCL
 
+    # A Python group has no C++ backend to keep its name in (torch's getter would raise
+    # "ProcessGroup name not set"): it keeps them itself.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
     # -- the communicator: one GPU per rank ------------------------------------------------
 
     def _bind(self, tensors: list[torch.Tensor]) -> None:
