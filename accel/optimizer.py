@@ -17,15 +17,15 @@ import torch
 from accel.state import AcceleratorState, GradientState
 
 
-def move_to_device(value: Any, device: torch.device) -> Any:
-    """`value` with every tensor inside (nested dicts, lists, tuples) moved to `device`."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, dict):
-        return type(value)((k, move_to_device(v, device)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return type(value)(move_to_device(v, device) for v in value)
-    return value
+def move_to_device(state: Any, device: torch.device) -> Any:
+    """`state` (an optimizer state dict) with every tensor inside (nested dicts, lists, tuples) moved to `device`."""
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return type(state)((k, move_to_device(v, device)) for k, v in state.items())
+    if isinstance(state, (list, tuple)):
+        return type(state)(move_to_device(v, device) for v in state)
+    return state
 
 
 def backend_reduces_gradients_in_step(hardware: Any) -> bool:

@@ -426,6 +426,11 @@ class GradientState:
         cls._shared_state.clear()
 
 
+def is_initialized() -> bool:
+    """Whether an `AcceleratorState` exists in this process (Accelerate's module-level check)."""
+    return bool(AcceleratorState._shared_state)
+
+
 def reset_state(destroy_process_group: bool = False) -> None:
     """Forget every shared state (`PartialState`, `AcceleratorState`, `GradientState`).
 

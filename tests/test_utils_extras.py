@@ -350,3 +350,11 @@ def test_leaf_tests():
 
     assert is_torch_tensor(torch.ones(1)) and not is_torch_tensor([1])
     assert is_tensor_information(TensorInformation((1,), torch.float32)) and not is_tensor_information(torch.ones(1))
+
+
+def test_is_initialized_follows_the_accelerator_state():
+    from accel.state import AcceleratorState, is_initialized
+
+    assert not is_initialized()
+    AcceleratorState()
+    assert is_initialized()
