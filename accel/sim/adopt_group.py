@@ -140,13 +140,14 @@ def init_process_group(
     _check_possible(wanted, world_size, rank)
     if dist.is_initialized():
         world = dist.GroupMember.WORLD
-        if world is not _simulator.get("group"):
-            # The user's code made this one: torch's own error, as on the hardware.
+        if world is not _simulator.get("group") or _simulator.get("claimed"):
+            # The user's code made (or adopted) this one: torch's own error, as on the hardware.
             _original_init(backend, init_method, timeout, world_size, rank, store, group_name, pg_options, device_id)
             return
         have = _labels.get(world, "")
         if wanted in (have, _equivalents().get(have)):
-            return  # adopted
+            _simulator["claimed"] = True  # from now on it is the script's group
+            return
         dist.destroy_process_group()
     create(wanted, timeout, pg_options)
 
@@ -194,6 +195,7 @@ def restore() -> None:
     """Before a task: the simulator's group is the default group again, if a task replaced it."""
     if not _simulator or _original_init is None:
         return
+    _simulator["claimed"] = False
     world = dist.GroupMember.WORLD if dist.is_initialized() else None
     if world is _simulator["group"]:
         return
