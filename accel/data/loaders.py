@@ -124,19 +124,59 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
     def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any):
         super().__init__(dataset, **kwargs)
         self.skip_batches = skip_batches
+        #: the StatefulDataLoader state after the last batch handed out (stateful loaders only)
+        self.dl_state_dict: dict[str, Any] | None = None
+        self._handed_out = 0  # batches of the current pass, skipped ones included
+        self._in_pass = False
+        self._resume: dict[str, Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
+        stateful = self.use_stateful_dataloader
+        resume, self._resume = self._resume, None
         self.begin()
         try:
-            iterator = itertools.islice(super().__iter__(), self.skip_batches, None)
+            iterator = super().__iter__()
+            if stateful and resume is not None:
+                self._handed_out = int(resume.get("_num_yielded", 0))  # the StatefulDataLoader resumes itself
+            else:
+                self._handed_out = max(int((resume or {}).get("batches_yielded", 0)), self.skip_batches)
+                iterator = itertools.islice(iterator, self._handed_out, None)
+            self._in_pass = True
             current = next(iterator, _END)
             while current is not _END:
+                if stateful:
+                    self._snapshot()
                 upcoming = next(iterator, _END)
                 self.end_of_dataloader = upcoming is _END
+                self._handed_out += 1
                 yield current
                 current = upcoming
+            self._in_pass = False
         finally:
             self.end()
+
+    def _snapshot(self) -> None:
+        self.dl_state_dict = super().state_dict()  # type: ignore[misc]  # StatefulDataLoader's, later in the MRO
+        self.adjust_state_dict_for_prefetch()
+
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """Hook to correct `self.dl_state_dict` just taken; nothing to do: it is taken before reading ahead."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current pass stands: the StatefulDataLoader's state, or the batches handed out."""
+        if self.use_stateful_dataloader:
+            if self._in_pass and self.dl_state_dict is not None:
+                return self.dl_state_dict
+            return super().state_dict()  # type: ignore[misc]  # StatefulDataLoader's, later in the MRO
+        return {"batches_yielded": self._handed_out if self._in_pass else 0}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Make the next pass continue after the batches `state_dict` says were handed out."""
+        if self.use_stateful_dataloader:
+            super().load_state_dict(state_dict)  # type: ignore[misc]  # StatefulDataLoader's, later in the MRO
+        elif "batches_yielded" not in state_dict:
+            raise ValueError(f"not a SkipDataLoader state (no 'batches_yielded'): keys {sorted(state_dict)}")
+        self._resume = dict(state_dict)
 
     def __len__(self) -> int:
         return max(super().__len__() - self.skip_batches, 0)

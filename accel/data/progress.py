@@ -162,10 +162,10 @@ class LoaderProgress(DataLoaderStateMixin):
 
     def set_sampler(self, sampler: Any) -> None:
         """Replace the sampler inside the batch sampler (and inside a sharded batch sampler's source)."""
-        holder = self.sampler if isinstance(self.sampler, BatchSampler) else self.batch_sampler
+        holder = unwrap_batch_sampler(self._base_batch_sampler())
+        if isinstance(holder, BatchSamplerShard):
+            holder = unwrap_batch_sampler(holder.batch_sampler)
         holder.sampler = sampler
-        if hasattr(holder, "batch_sampler"):
-            holder.batch_sampler.sampler = sampler
 
     def adjust_state_dict_for_prefetch(self) -> None:
         """Hook to correct the `StatefulDataLoader` state just taken (`self.dl_state_dict`); nothing by default.

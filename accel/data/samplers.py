@@ -78,7 +78,7 @@ class SeedableRandomSampler(RandomSampler):
         return order
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.epoch_indices())
+        yield from self.epoch_indices()  # drawn at the first index, not when the iterator is made
 
 
 def draw_order(size: int, count: int, replacement: bool, generator: torch.Generator) -> list[int]:
@@ -109,7 +109,7 @@ class PermutationSampler(RandomSampler):
         return draw_order(len(self.data_source), self.num_samples, self.replacement, self.generator)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.epoch_indices())
+        yield from self.epoch_indices()  # drawn at the first index, not when the iterator is made
 
 
 class SkipBatchSampler(Sampler):
@@ -126,6 +126,11 @@ class SkipBatchSampler(Sampler):
 
     def __len__(self) -> int:
         return max(len(self.batch_sampler) - self.skip_batches, 0)
+
+    @property
+    def total_length(self) -> int:
+        """Batches of the wrapped sampler, skipped ones included."""
+        return len(self.batch_sampler)
 
     def __getattr__(self, name: str) -> Any:
         # batch_size, drop_last, sampler, set_epoch... are those of the wrapped sampler.
@@ -237,13 +242,17 @@ class BatchSamplerShard(Sampler):
         return count % self.batch_size or self.batch_size
 
     def __iter__(self) -> Iterator[list[Any]]:
+        # A generator: nothing is drawn before the first batch is asked for, so an iterator
+        # made and dropped (torchdata's StatefulDataLoader does, to fast-forward) costs no draw.
         self.padding = 0
         if self.num_processes == 1 and (self.drop_last or not self.even_batches or self.batch_size is None):
-            return iter(self.batch_sampler)  # nothing to even out
+            yield from self.batch_sampler  # nothing to even out
+            return
         indices = self._all_indices()
         if indices is not None:
-            return self._iter_indices(indices)
-        return self._iter_split() if self.split_batches else self._iter_rounds()
+            yield from self._iter_indices(indices)
+        else:
+            yield from self._iter_split() if self.split_batches else self._iter_rounds()
 
     def _all_indices(self) -> list[Any] | None:
         """The epoch's indices at once, when the wrapped sampler is a plain `BatchSampler` over a sized sampler.
