@@ -97,6 +97,28 @@ def _gpu_count() -> int:
         return torch.cuda.device_count()
 
 
+def _xla_process(index: int, function: Callable[..., Any], environment: dict[str, str], *args: Any) -> Any:
+    """Inside one TPU core's process: `xmp.spawn` passes the core's index first, the function does not take it."""
+    return _call_with_environment(function, environment, *args)
+
+
+def _launch_on_tpu_cores(function: Callable[..., Any], args: tuple, num_processes: int | None, precision: str) -> None:
+    from accel.state import AcceleratorState
+
+    if AcceleratorState._shared_state:
+        raise RuntimeError(
+            "notebook_launcher on TPU: an Accelerator already exists in this process; create it only inside the "
+            "launched function (restart the notebook kernel)"
+        )
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    print("Launching training on TPU cores.")
+    # nprocs=None: one process per core, as torch_xla decides; fork keeps a notebook's function reachable.
+    xmp.spawn(
+        _xla_process, args=(function, {_PRECISION_ENV: precision}, *args), nprocs=num_processes, start_method="fork"
+    )
+
+
 def notebook_launcher(
     function: Callable[..., Any],
     args: tuple = (),
@@ -119,7 +141,8 @@ def notebook_launcher(
 ) -> None:
     """Run a training function (e.g. defined in a notebook cell) on several processes.
 
-    Without `simulate`: one process per GPU when GPUs are present (`num_processes`
+    On a TPU host (torch_xla with a TPU): one process per TPU core, through
+    `torch_xla`'s `xmp.spawn`. Otherwise, without `simulate`: one process per GPU when GPUs are present (`num_processes`
     defaults to their number), otherwise `num_processes` CPU processes, started by
     torch's elastic launcher (`torch.distributed.launcher.api.elastic_launch`) with the
     rendezvous arguments given here (multi-node with `num_nodes`/`node_rank`). With one
@@ -138,6 +161,11 @@ def notebook_launcher(
                 f"notebook_launcher(simulate={simulate!r}) needs num_processes: how many devices to simulate"
             )
         _simulate(function, tuple(args), num_processes, simulate, precision, timeout)
+        return
+    from accel.utils.imports import is_torch_xla_available
+
+    if is_torch_xla_available(check_is_tpu=True):
+        _launch_on_tpu_cores(function, tuple(args), num_processes, precision)
         return
     if node_rank >= num_nodes:
         raise ValueError(f"notebook_launcher: node_rank ({node_rank}) must be less than num_nodes ({num_nodes})")

@@ -80,3 +80,21 @@ def test_is_available_answers_for_the_simulated_hardware(rank, world_size, devic
     assert is_torch_xla_available() == (device == "xla")
     expected = {"cpu": DistributedType.MULTI_CPU, "cuda": DistributedType.MULTI_GPU, "xla": DistributedType.XLA}
     assert state.distributed_type == expected[device]
+
+
+@distributed_test(world_size=SIZES, device=["xla"])
+def test_notebook_launcher_on_a_tpu_host_uses_xmp_spawn(rank, world_size):
+    """On a TPU (here the simulator's), notebook_launcher goes through torch_xla's xmp.spawn, as Accelerate does."""
+    from accel.launchers import notebook_launcher
+
+    ran = []
+
+    def training(value):
+        import os
+
+        from accel.state import PartialState
+
+        ran.append((value, PartialState().num_processes, os.environ["ACCEL_MIXED_PRECISION"]))
+
+    notebook_launcher(training, args=(5,), mixed_precision="bf16")
+    assert ran == [(5, world_size, "bf16")]
