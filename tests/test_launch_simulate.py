@@ -187,12 +187,24 @@ def test_the_exit_code_is_the_first_failing_ranks(tmp_path):
 def test_a_run_killed_mid_epoch_restarts_and_ends_with_the_uninterrupted_weights(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     plain, restarted, failed = tmp_path / "plain", tmp_path / "restarted", tmp_path / "failed"
-    assert cli.main(["launch", "--simulate", "cpu", EXAMPLE, "--output_dir", str(plain)]) == 0
+    assert cli.main(["launch", "--simulate", "cpu", EXAMPLE, "--output_dir", str(plain), "--epochs", "1"]) == 0
     capsys.readouterr()
 
     fault = ["--fault", "kill:rank=1:point=step_7"]  # after step 7; the last checkpoint is step 5
     code = cli.main(
-        ["launch", "--simulate", "cpu", "--max_restarts", "1", *fault, EXAMPLE, "--output_dir", str(restarted)]
+        [
+            "launch",
+            "--simulate",
+            "cpu",
+            "--max_restarts",
+            "1",
+            *fault,
+            EXAMPLE,
+            "--output_dir",
+            str(restarted),
+            "--epochs",
+            "1",
+        ]
     )
     out, err = capsys.readouterr()
     assert code == 0, err
@@ -206,7 +218,7 @@ def test_a_run_killed_mid_epoch_restarts_and_ends_with_the_uninterrupted_weights
         assert torch.equal(expected[name], got[name]), name
 
     # Without a restart, the run ends with the killed rank's status: 128 + SIGKILL.
-    code = cli.main(["launch", "--simulate", "cpu", *fault, EXAMPLE, "--output_dir", str(failed)])
+    code = cli.main(["launch", "--simulate", "cpu", *fault, EXAMPLE, "--output_dir", str(failed), "--epochs", "1"])
     assert code == 128 + signal.SIGKILL
     assert not (failed / "final.pt").exists()
 
