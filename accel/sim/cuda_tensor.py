@@ -167,10 +167,38 @@ def wrap(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
 # -- dispatch ------------------------------------------------------------------------------------
 
 _SEEDED = torch.Tag.nondeterministic_seeded
-_MUTABLE: dict[Any, bool] = {}
+#: in-place ops that may change a tensor's sizes, strides or offset (besides out= ops)
+_RESHAPING = {
+    "resize_", "resize_as_", "set_", "t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_",
+    "swapdims_", "swapaxes_", "_resize_output_", "resize_as_sparse_",
+}  # fmt: skip
+#: op -> (draws random numbers, writes into an argument, may reshape an argument)
+_FACTS: dict[Any, tuple[bool, bool, bool]] = {}
+
+
+def _facts(func: Any) -> tuple[bool, bool, bool]:
+    facts = _FACTS.get(func)
+    if facts is None:
+        schema = func._schema
+        reshapes = schema.is_mutable and (
+            any(a.is_out for a in schema.arguments) or schema.name.split("::")[-1] in _RESHAPING
+        )
+        facts = _FACTS[func] = (_SEEDED in func.tags, schema.is_mutable, reshapes)
+    return facts
+
+
+def _inner_of(value: Any) -> Any:
+    kind = type(value)
+    if kind is SimCudaTensor:
+        return value._inner
+    if kind is list or kind is tuple:
+        items = [item._inner if type(item) is SimCudaTensor else item for item in value]
+        return items if kind is list else tuple(items)
+    return value
 
 
 def _unwrap_args(value: Any, seen: dict[int, SimCudaTensor]) -> Any:
+    # As `_inner_of`, remembering each wrapper by its inner tensor (an in-place op returns it).
     if type(value) is SimCudaTensor:
         inner = value._inner
         seen[id(inner)] = value
@@ -206,7 +234,7 @@ def on_generator_of(index: int) -> Iterator[None]:
 
 def run_on(device: torch.device, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run `func` on CPU tensors for simulated GPU `device`, on that GPU's generator if it draws."""
-    if _SEEDED in func.tags and kwargs.get("generator") is None:
+    if _facts(func)[0] and kwargs.get("generator") is None:
         with on_generator_of(device.index or 0):
             return func(*args, **kwargs)
     return func(*args, **kwargs)
@@ -224,36 +252,78 @@ def to_copy(args: tuple, kwargs: dict) -> Any:
     return SimCudaTensor(out, target) if target.type == "cuda" else out
 
 
+def _one_gpu(args: tuple, kwargs: dict) -> torch.device | None:
+    """The device of the tensor arguments when they are all simulated and on one GPU (the common case)."""
+    device = None
+    for value in (*args, *kwargs.values()):
+        if type(value) is SimCudaTensor:
+            if device is None:
+                device = value._cuda
+            elif value._cuda != device:
+                return None
+        elif isinstance(value, torch.Tensor):
+            return None  # a CPU tensor: the general rules decide
+        elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+            for item in value:  # foreach ops, cat, ...
+                if type(item) is not SimCudaTensor:
+                    return None
+                if device is None:
+                    device = item._cuda
+                elif item._cuda != device:
+                    return None
+    return device
+
+
+def _copy_(args: tuple, kwargs: dict) -> Any:
+    unwrap(args[0]).copy_(unwrap(args[1]), *args[2:], **kwargs)
+    return args[0]
+
+
+#: ops handled apart: copies across devices, reading a value, stream bookkeeping
+_SPECIAL = {
+    aten._to_copy.default: to_copy,
+    aten.copy_.default: _copy_,
+    aten._local_scalar_dense.default: lambda args, kwargs: args[0]._inner.item(),
+    aten.record_stream.default: lambda args, kwargs: None,  # one stream per simulated GPU: nothing to record
+}
+
+
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     """Run aten op `func` whose arguments include simulated CUDA tensors."""
-    if func is aten._to_copy.default:
-        return to_copy(args, kwargs)
-    if func is aten.copy_.default:
-        unwrap(args[0]).copy_(unwrap(args[1]), *args[2:], **kwargs)
-        return args[0]
-    if func is aten._local_scalar_dense.default:
-        return args[0]._inner.item()
-    if func is aten.record_stream.default:
-        return None  # one stream per simulated GPU: nothing to record
-    device = device_rules.common_device(func, args, kwargs)
-    requested = kwargs.get("device")
-    if requested is not None:  # an op that also creates (new_zeros, *_like(device=...))
-        device = cuda_state.gpus().resolve(requested)
-        if device.type == "cuda":
-            kwargs = dict(kwargs, device=torch.device("cpu"))
-            kwargs.pop("pin_memory", None)
+    special = _SPECIAL.get(func)
+    if special is not None:
+        return special(args, kwargs)
+    device = _one_gpu(args, kwargs)
+    if device is None:
+        device = device_rules.common_device(func, args, kwargs)
+    if kwargs:
+        requested = kwargs.get("device")
+        if requested is not None:  # an op that also creates (new_zeros, *_like(device=...))
+            device = cuda_state.gpus().resolve(requested)
+            if device.type == "cuda":
+                kwargs = dict(kwargs, device=torch.device("cpu"))
+                kwargs.pop("pin_memory", None)
+    seeded, mutable, reshapes = _facts(func)
     seen: dict[int, SimCudaTensor] = {}
-    inner_args = tuple(_unwrap_args(a, seen) for a in args)
-    inner_kwargs = {k: _unwrap_args(v, seen) for k, v in kwargs.items()}
+    if mutable:
+        inner_args = [_unwrap_args(a, seen) for a in args]
+        inner_kwargs = {k: _unwrap_args(v, seen) for k, v in kwargs.items()} if kwargs else kwargs
+    else:
+        inner_args = [_inner_of(a) for a in args]
+        inner_kwargs = {k: _inner_of(v) for k, v in kwargs.items()} if kwargs else kwargs
     if device is None or device.type != "cuda":
         return func(*inner_args, **inner_kwargs)  # a CPU result was asked for
-    out = run_on(device, func, inner_args, inner_kwargs)
-    mutable = _MUTABLE.get(func)
-    if mutable is None:
-        mutable = _MUTABLE[func] = func._schema.is_mutable
-    if mutable:
+    if seeded and inner_kwargs.get("generator") is None:
+        with on_generator_of(device.index or 0):
+            out = func(*inner_args, **inner_kwargs)
+    else:
+        out = func(*inner_args, **inner_kwargs)
+    if reshapes:
         for wrapper in seen.values():
             _follow_inner(wrapper)
+    if type(out) is torch.Tensor:
+        same = seen.get(id(out))
+        return same if same is not None else SimCudaTensor(out, device)
     return _wrap_results(out, seen, device)
 
 
