@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, overload
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from accel.optimizer import AcceleratedOptimizer
 from accel.scheduler import AcceleratedScheduler
@@ -135,6 +137,8 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[Any] = []
         self._custom_objects: list[Any] = []
+        self._save_model_state_pre_hook: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self._load_model_state_pre_hook: OrderedDict[int, Callable[..., None]] = OrderedDict()
 
     def _set_handlers(self, kwargs_handlers: Sequence[KwargsHandler] | None) -> None:
         for attr in _HANDLER_ATTRS.values():
@@ -669,28 +673,73 @@ class Accelerator:
     # -- saving ------------------------------------------------------------------------------------
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
-        """Save `obj` once per machine (on its local main process), atomically.
+        """`torch.save` for distributed runs: written once by the main process (once per machine with
+        `ProjectConfiguration(save_on_each_node=True)`), atomically, tensors moved to the CPU first.
 
-        Tensors are moved to the CPU first. `safe_serialization=True` writes a
-        safetensors file (a flat dict of tensors) instead of a pickle.
+        `safe_serialization=True` writes a safetensors file (a flat dict of tensors).
         """
-        if not self.is_local_main_process:
-            return
-        from accel.checkpointing import to_cpu
-        from accel.utils.save import atomic_save
+        from accel.utils.save import save
 
-        if safe_serialization:
-            try:
-                from safetensors.torch import save as safetensors_bytes
-            except ImportError as error:
-                raise ImportError("save(safe_serialization=True) needs safetensors: pip install safetensors") from error
+        save(
+            obj,
+            f,
+            save_on_each_node=self.project_configuration.save_on_each_node,
+            safe_serialization=safe_serialization,
+        )
 
-            def writer(value: Any, handle: Any) -> None:
-                handle.write(safetensors_bytes({k: v.contiguous() for k, v in value.items()}))
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the weights of `model` (wrapped or not) as Hugging Face libraries lay them out.
 
-            atomic_save(to_cpu(obj), f, writer)
-            return
-        atomic_save(to_cpu(obj), f)
+        `model.safetensors` (or `pytorch_model.bin` with `safe_serialization=False`); past
+        `max_shard_size` (bytes, or a string such as "5MB"), shards
+        `model-00001-of-0000N.safetensors` and an index `model.safetensors.index.json`.
+        Tied weights are written once. The main process writes; every process may call it.
+        """
+        from accel.utils.save import write_model_weights
+
+        if os.path.isfile(save_directory):
+            raise ValueError(f"save_model needs a directory, but {os.fspath(save_directory)!r} is a file")
+        if any(p.device.type == "meta" for p in model.parameters()):
+            raise RuntimeError("save_model: some parameters are on the meta device (not materialised); load them first")
+        write_model_weights(
+            self.get_state_dict(model),
+            os.fspath(save_directory),
+            max_shard_size=max_shard_size,
+            safe_serialization=safe_serialization,
+            writes=self._writes_shared_files(),
+        )
+
+    def _writes_shared_files(self) -> bool:
+        if self.project_configuration.save_on_each_node:
+            return self.is_local_main_process
+        return self.is_main_process
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call `hook(models, weights, output_dir)` in `save_state`, before anything is written.
+
+        `models` are the prepared models, `weights` their state dicts: a hook may save
+        extra files, or remove entries of `weights` to save those models its own way.
+        Returns a handle whose `remove()` unregisters the hook.
+        """
+        handle = RemovableHandle(self._save_model_state_pre_hook)
+        self._save_model_state_pre_hook[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call `hook(models, input_dir)` in `load_state`, before anything is loaded.
+
+        A hook may read extra files, or remove entries of `models` that it loads itself.
+        Returns a handle whose `remove()` unregisters the hook.
+        """
+        handle = RemovableHandle(self._load_model_state_pre_hook)
+        self._load_model_state_pre_hook[handle.id] = hook
+        return handle
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Have `save_state` / `load_state` include `objects` (each needs `state_dict` and `load_state_dict`)."""
@@ -706,16 +755,28 @@ class Accelerator:
             )
         self._custom_objects.extend(objects)
 
-    def save_state(self, output_dir: str | os.PathLike | None = None) -> str:
+    def save_state(
+        self,
+        output_dir: str | os.PathLike | None = None,
+        safe_serialization: bool = True,
+        **save_model_func_kwargs: Any,
+    ) -> str:
         """Save everything needed to resume training exactly: returns the checkpoint folder.
 
-        Models, optimizers, schedulers, the fp16 scaler, registered objects, every
-        process's RNG states and data-loader positions (see `accel.checkpointing`). With
+        Models (safetensors, or pickled with `safe_serialization=False`), optimizers,
+        schedulers, the fp16 scaler, registered objects, every process's RNG states and
+        data-loader positions, in Accelerate's layout (see `accel.checkpointing`). With
         `ProjectConfiguration(automatic_checkpoint_naming=True)` the folder is
         `project_dir/checkpoints/checkpoint_<n>`, and only the newest `total_limit` are kept.
+        `save_model_func_kwargs` serve engines we do not run (DeepSpeed); none is accepted.
         """
         from accel import checkpointing
 
+        if save_model_func_kwargs:
+            raise TypeError(
+                f"save_state got {sorted(save_model_func_kwargs)}: extra model-saving arguments are for DeepSpeed's "
+                "save_checkpoint, which accel does not run"
+            )
         config = self.project_configuration
         if config.automatic_checkpoint_naming:
             if config.project_dir is None:
@@ -731,40 +792,53 @@ class Accelerator:
         output_dir = os.fspath(output_dir)
         # Everyone has checked the folder before the main process creates it.
         self.wait_for_everyone()
-        writes_shared = self.is_main_process or (config.save_on_each_node and self.is_local_main_process)
-        if writes_shared:
-            if config.automatic_checkpoint_naming:
+        if self._writes_shared_files():
+            if config.automatic_checkpoint_naming and config.project_dir is not None:
                 checkpointing.prune_checkpoints(config.project_dir, config.total_limit)
             os.makedirs(output_dir, exist_ok=True)
         self.wait_for_everyone()
         os.makedirs(output_dir, exist_ok=True)  # a machine without the shared filesystem
-        rng_state = checkpointing.capture_rng_state(self._hardware)
-        rng_state["accumulation_step"] = self.step
+        self._hardware.mark_step()
+        # The user's models and their bare state dicts (no `module.` prefix), as Accelerate keeps
+        # and saves them; the hooks may remove weights they save their own way.
+        models = [self.unwrap_model(m) for m in self._models]
+        weights = [m.state_dict() for m in models]
+        for hook in self._save_model_state_pre_hook.values():
+            hook(models, weights, output_dir)
         checkpointing.save_checkpoint(
             output_dir,
-            model_states=[self.get_state_dict(m) for m in self._models] if writes_shared else [],
+            model_states=weights,
             optimizers=self._optimizers,
             schedulers=self._schedulers,
             dataloaders=self._dataloaders,
             custom_objects=self._custom_objects,
             scaler=self.scaler,
-            rng_state=rng_state,
+            rng_state=checkpointing.capture_rng_state(self._hardware, self.step),
             process_index=self.process_index,
-            write_shared=writes_shared,
+            save_on_each_node=config.save_on_each_node,
+            safe_serialization=safe_serialization,
         )
-        if config.automatic_checkpoint_naming:
-            config.iteration += 1
+        config.iteration += 1
         self.wait_for_everyone()
         return output_dir
 
-    def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True) -> str:
-        """Restore what `save_state` saved into the prepared objects; returns the folder read.
+    def load_state(
+        self, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None, **load_model_func_kwargs: Any
+    ) -> str:
+        """Restore what `save_state` (ours or Accelerate's) saved into the prepared objects.
 
-        Without `input_dir`, automatic naming loads the newest `checkpoint_<n>` and makes
-        the next save number `n + 1`.
+        Returns the folder read. Without `input_dir`, automatic naming loads the newest
+        `checkpoint_<n>` and makes the next save number `n + 1`. `load_model_func_kwargs`
+        go to the models' `load_state_dict` (`strict=False` loads what matches);
+        `map_location` is accepted for compatibility (everything is read onto the CPU and
+        placed by the object it loads into). `load_kwargs` (arguments of `torch.load`) are
+        not supported.
         """
         from accel import checkpointing
 
+        if load_kwargs:
+            raise TypeError(f"load_state(load_kwargs={load_kwargs!r}): accel reads checkpoints with fixed options")
+        load_model_func_kwargs.pop("map_location", None)
         config = self.project_configuration
         if input_dir is None:
             if not config.automatic_checkpoint_naming or config.project_dir is None:
@@ -776,10 +850,15 @@ class Accelerator:
                 )
             number, input_dir = found[-1]
             config.iteration = number + 1
-        input_dir = os.fspath(input_dir)
-        checkpointing.load_checkpoint(
+        input_dir = os.path.expanduser(os.fspath(input_dir))
+        if not os.path.isdir(input_dir):
+            raise FileNotFoundError(f"no checkpoint folder at {input_dir!r}")
+        models = [self.unwrap_model(m) for m in self._models]
+        for hook in self._load_model_state_pre_hook.values():
+            hook(models, input_dir)
+        states = checkpointing.load_checkpoint(
             input_dir,
-            models=[self.unwrap_model(m) for m in self._models],
+            models=models,
             optimizers=self._optimizers,
             schedulers=self._schedulers,
             dataloaders=self._dataloaders,
@@ -787,11 +866,10 @@ class Accelerator:
             scaler=self.scaler,
             hardware=self._hardware,
             process_index=self.process_index,
-            strict=strict,
+            **load_model_func_kwargs,
         )
-        rng_path = os.path.join(input_dir, f"{checkpointing.RNG_STATE_NAME}_{self.process_index}.pkl")
-        if os.path.exists(rng_path):
-            self.step = checkpointing.load_file(rng_path).get("accumulation_step", 0)
+        if "step" in states:
+            self.step = states["step"]
         return input_dir
 
     # -- the rest -------------------------------------------------------------------------------------
@@ -818,15 +896,28 @@ class Accelerator:
         """
         from accel.utils.memory import free_memory
 
+        self._forget_prepared()
+        return free_memory(*objects, hardware=self._hardware)
+
+    def _forget_prepared(self) -> None:
         self._models.clear()
         self._optimizers.clear()
         self._schedulers.clear()
         self._dataloaders.clear()
         self._custom_objects.clear()
         self.step = 0
-        return free_memory(*objects, hardware=self._hardware)
 
     clear = free_memory
+
+    def release_memory(self, *objects: Any) -> list[None]:
+        """Forget every prepared object and release memory (`accel.utils.release_memory`).
+
+        `model, optimizer = accelerator.release_memory(model, optimizer)`.
+        """
+        from accel.utils.memory import release_memory
+
+        self._forget_prepared()
+        return release_memory(*objects)
 
     def end_training(self) -> None:
         """Wait for every process, then tear down the process group accel created.

@@ -1,23 +1,31 @@
 """Training checkpoints: what `Accelerator.save_state` writes and `load_state` reads back.
 
-A checkpoint is a folder:
+A checkpoint is a folder laid out as Accelerate 1.15 lays it out, so that either library
+resumes from the other's checkpoints:
 
-    model.bin, model_1.bin, ...          state dicts of the prepared models (main process)
-    optimizer.bin, optimizer_1.bin, ...  optimizer state dicts (main process)
-    scheduler.bin, ...                   scheduler state dicts (main process)
-    scaler.pt                            the fp16 GradScaler (main process)
-    dataloader_<i>_rank<r>.bin           each data loader's position, per rank
-    random_states_<r>.pkl                every RNG of rank r (python, numpy, torch, device)
-    custom_checkpoint_<i>.pkl            objects given to register_for_checkpointing (main process)
+    model.safetensors, model_1.safetensors, ...   the prepared models' weights (main process);
+        pytorch_model.bin, pytorch_model_1.bin    with safe_serialization=False (pickled)
+    optimizer.bin, optimizer_1.bin, ...           optimizer state dicts (main process)
+    scheduler.bin, scheduler_1.bin, ...           scheduler state dicts (main process)
+    dl_state_dict.bin, dl_state_dict_1.bin, ...   stateful data loaders (main process)
+    scaler.pt                                     the fp16 GradScaler (main process)
+    random_states_<r>.pkl                         every RNG of rank r and the accumulation step
+    custom_checkpoint_<i>.pkl                     objects given to register_for_checkpointing
 
+and, ours only (Accelerate ignores them): `dataloader_<i>_rank<r>.bin`, where each rank's
+prepared data loader stood, so that a run resumes on the next batch.
+
+Model weights are the user's model's state dict, without the prefixes that wrappers add
+(`module.` for DistributedDataParallel), as Accelerate writes them; loading also accepts
+weights saved through a wrapper (a model the user wrapped in DDP before preparing it).
 Models, optimizers and schedulers are identical on every rank in data-parallel training,
-so the main process writes them once; RNG states and data-loader positions belong to
-each rank. Every file is written atomically (see `accel.utils.save`), with tensors moved
-to the CPU first so that loading does not depend on the device that saved.
+so the main process writes them once (once per machine with `save_on_each_node`).
+Every file is written atomically (see `accel.utils.save`), tensors on the CPU.
 """
 
 from __future__ import annotations
 
+import codecs
 import os
 import random
 import re
@@ -25,19 +33,34 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-from accel.utils.save import atomic_save
+from accel.utils.save import atomic_save, save
 
-MODEL_NAME = "model"
+SAFE_MODEL_NAME = "model"
+MODEL_NAME = "pytorch_model"
 OPTIMIZER_NAME = "optimizer"
 SCHEDULER_NAME = "scheduler"
+STATEFUL_LOADER_NAME = "dl_state_dict"
 DATALOADER_NAME = "dataloader"
 SCALER_NAME = "scaler.pt"
 RNG_STATE_NAME = "random_states"
 CUSTOM_NAME = "custom_checkpoint"
 CHECKPOINTS_DIR = "checkpoints"
 _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
+_CUSTOM_RE = re.compile(rf"^{CUSTOM_NAME}_\d+\.pkl$")
+# Prefixes that wrappers add to a model's state-dict keys (DistributedDataParallel, torch.compile).
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+# What an RNG state file holds besides tensors: numpy's state (an array and its dtype).
+_NUMPY_CORE: Any = getattr(np, "_core", None) or getattr(np, "core")  # noqa: B009 (numpy 2 renamed it)
+_RNG_FILE_GLOBALS: list[Any] = [
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),
+    codecs.encode,
+    _NUMPY_CORE.multiarray._reconstruct,
+]
 
 
 def indexed_name(stem: str, index: int, suffix: str = ".bin") -> str:
@@ -45,51 +68,45 @@ def indexed_name(stem: str, index: int, suffix: str = ".bin") -> str:
     return f"{stem}{suffix}" if index == 0 else f"{stem}_{index}{suffix}"
 
 
-def to_cpu(value: Any) -> Any:
-    """`value` with every tensor inside (nested dicts, lists, tuples) moved to the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return type(value)((k, to_cpu(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(to_cpu(v) for v in value)
-    return value
+def model_file_name(index: int, safe_serialization: bool) -> str:
+    """`model.safetensors` / `model_1.safetensors`, or `pytorch_model.bin` / `pytorch_model_1.bin`."""
+    if safe_serialization:
+        return indexed_name(SAFE_MODEL_NAME, index, ".safetensors")
+    return indexed_name(MODEL_NAME, index, ".bin")
 
 
-def save_file(obj: Any, path: str) -> None:
-    """Atomic `torch.save` of `obj` with its tensors on the CPU."""
-    atomic_save(to_cpu(obj), path)
+def load_file(path: str | os.PathLike, trusted: bool = False) -> Any:
+    """Read a pickled checkpoint file onto the CPU.
 
-
-def load_file(path: str, map_location: Any = "cpu") -> Any:
-    """Read a file written by `save_file` (our own files: full unpickling is allowed)."""
-    return torch.load(path, map_location=map_location, weights_only=False)
+    Only tensors, containers and numpy RNG states are unpickled unless `trusted` (the
+    state dicts of registered custom objects, which may hold anything, as in Accelerate).
+    """
+    if trusted:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    with torch.serialization.safe_globals(_RNG_FILE_GLOBALS):
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 # -- random number generators ---------------------------------------------------------
 
 
-def capture_rng_state(hardware: Any) -> dict[str, Any]:
-    """Every RNG this process draws from: python, numpy, torch CPU and the device's own."""
-    import numpy as np
-
+def capture_rng_state(hardware: Any, step: int) -> dict[str, Any]:
+    """Every RNG this process draws from, and the accumulation step, under Accelerate's keys."""
     return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "device": hardware.get_rng_state(),
+        "step": step,
+        "random_state": random.getstate(),
+        "numpy_random_seed": np.random.get_state(),
+        "torch_manual_seed": torch.get_rng_state(),
+        **hardware.checkpoint_rng_states(),
     }
 
 
 def restore_rng_state(states: dict[str, Any], hardware: Any) -> None:
-    """Put back the RNG states captured by `capture_rng_state`."""
-    import numpy as np
-
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if states.get("device") is not None:
-        hardware.set_rng_state(states["device"])
+    """Put back the RNG states captured by `capture_rng_state` (or by Accelerate's `save_state`)."""
+    random.setstate(states["random_state"])
+    np.random.set_state(states["numpy_random_seed"])
+    torch.set_rng_state(states["torch_manual_seed"])
+    hardware.restore_checkpoint_rng_states(states)
 
 
 # -- automatic naming -------------------------------------------------------------------
@@ -129,6 +146,61 @@ def prune_checkpoints(project_dir: str, total_limit: int | None, keep_room_for: 
     return removed
 
 
+# -- model weights ------------------------------------------------------------------------
+
+
+def read_model_weights(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The state dict in a `.safetensors` or pickled `.bin` weights file, on the CPU."""
+    if os.fspath(path).endswith(".safetensors"):
+        from safetensors.torch import load_file as load_safetensors
+
+        return load_safetensors(os.fspath(path), device="cpu")
+    return load_file(path)
+
+
+def _strip_wrapper_prefixes(state: dict[str, Any], target_keys: Sequence[str]) -> dict[str, Any]:
+    # Strip a wrapper's prefix only when every saved key has it and the target's keys do not:
+    # a model whose own first submodule is called `module` keeps its names.
+    changed = True
+    while changed and state:
+        changed = False
+        for prefix in _WRAPPER_PREFIXES:
+            if all(k.startswith(prefix) for k in state) and not all(k.startswith(prefix) for k in target_keys):
+                state = {k[len(prefix) :]: v for k, v in state.items()}
+                changed = True
+    return state
+
+
+def load_model_weights(model: torch.nn.Module, state: dict[str, Any], strict: bool = True, **kwargs: Any) -> None:
+    """Load a saved state dict into the user's (unwrapped) `model`.
+
+    Keys written through wrappers (`module.`, `_orig_mod.`) match the bare model's. A
+    weight tied to another (one storage under two names) may be absent: safetensors
+    files hold each storage once, and loading the name kept restores both.
+    """
+    target = model.state_dict(keep_vars=True)
+    state = _strip_wrapper_prefixes(state, list(target))
+    result = model.load_state_dict(state, strict=False, **kwargs)
+    if not strict:
+        return
+    loaded_storages = {_storage_key(target[k]) for k in state if k in target and isinstance(target[k], torch.Tensor)}
+    missing = [
+        k
+        for k in result.missing_keys
+        if not (isinstance(target[k], torch.Tensor) and _storage_key(target[k]) in loaded_storages)
+    ]
+    if missing or result.unexpected_keys:
+        raise RuntimeError(
+            f"the saved weights do not match {type(model).__name__}: missing {missing}, unexpected "
+            f"{list(result.unexpected_keys)}; was the checkpoint saved from the same model? "
+            "(load_state(..., strict=False) loads what matches)"
+        )
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[Any, int]:
+    return tensor.device, tensor.untyped_storage().data_ptr()
+
+
 # -- writing and reading a checkpoint ----------------------------------------------------
 
 
@@ -143,28 +215,42 @@ def save_checkpoint(
     scaler: Any,
     rng_state: dict[str, Any],
     process_index: int,
-    write_shared: bool,
+    save_on_each_node: bool = False,
+    safe_serialization: bool = True,
 ) -> None:
     """Write this rank's part of a checkpoint into `output_dir` (which must exist).
 
-    `write_shared` is True on the one process that writes what all ranks share.
+    What every rank shares goes through `accel.utils.save.save`, which writes it on the
+    main process only (or once per machine with `save_on_each_node`).
     """
-    if write_shared:
-        for i, state in enumerate(model_states):
-            save_file(state, os.path.join(output_dir, indexed_name(MODEL_NAME, i)))
-        for i, opt in enumerate(optimizers):
-            save_file(opt.state_dict(), os.path.join(output_dir, indexed_name(OPTIMIZER_NAME, i)))
-        for i, sched in enumerate(schedulers):
-            save_file(sched.state_dict(), os.path.join(output_dir, indexed_name(SCHEDULER_NAME, i)))
-        if scaler is not None:
-            save_file(scaler.state_dict(), os.path.join(output_dir, SCALER_NAME))
-        for i, obj in enumerate(custom_objects):
-            save_file(obj.state_dict(), os.path.join(output_dir, f"{CUSTOM_NAME}_{i}.pkl"))
+
+    def shared(obj: Any, name: str, safe: bool = False) -> None:
+        save(obj, os.path.join(output_dir, name), save_on_each_node=save_on_each_node, safe_serialization=safe)
+
+    for i, state in enumerate(model_states):
+        shared(state, model_file_name(i, safe_serialization), safe=safe_serialization)
+    for i, opt in enumerate(optimizers):
+        shared(opt.state_dict(), indexed_name(OPTIMIZER_NAME, i))
+    for i, sched in enumerate(schedulers):
+        shared(sched.state_dict(), indexed_name(SCHEDULER_NAME, i))
     for i, loader in enumerate(dataloaders):
-        state = dataloader_state(loader)
-        if state is not None:
-            save_file(state, os.path.join(output_dir, f"{DATALOADER_NAME}_{i}_rank{process_index}.bin"))
-    save_file(rng_state, os.path.join(output_dir, f"{RNG_STATE_NAME}_{process_index}.pkl"))
+        position = dataloader_state(loader)
+        if position is None:
+            continue
+        if getattr(loader, "use_stateful_dataloader", False):
+            shared(position, indexed_name(STATEFUL_LOADER_NAME, i))
+        atomic_save(_on_cpu(position), os.path.join(output_dir, f"{DATALOADER_NAME}_{i}_rank{process_index}.bin"))
+    if scaler is not None:
+        shared(scaler.state_dict(), SCALER_NAME)
+    for i, obj in enumerate(custom_objects):
+        shared(obj.state_dict(), f"{CUSTOM_NAME}_{i}.pkl")
+    atomic_save(_on_cpu(rng_state), os.path.join(output_dir, f"{RNG_STATE_NAME}_{process_index}.pkl"))
+
+
+def _on_cpu(value: Any) -> Any:
+    from accel.utils.operations import recursively_apply
+
+    return recursively_apply(lambda t: t.detach().cpu(), value)
 
 
 def dataloader_state(loader: Any) -> dict[str, Any] | None:
@@ -181,6 +267,18 @@ def _required(path: str, what: str) -> str:
     return path
 
 
+def find_model_file(input_dir: str, index: int) -> str:
+    """The weights file of model `index` in a checkpoint: safetensors first, then pickled."""
+    for safe in (True, False):
+        path = os.path.join(input_dir, model_file_name(index, safe))
+        if os.path.exists(path):
+            return path
+    return _required(
+        os.path.join(input_dir, model_file_name(index, True)),
+        f"model {index} ({model_file_name(index, True)} or {model_file_name(index, False)})",
+    )
+
+
 def load_checkpoint(
     input_dir: str,
     *,
@@ -193,40 +291,59 @@ def load_checkpoint(
     hardware: Any,
     process_index: int,
     strict: bool = True,
-) -> None:
-    """Restore everything `save_checkpoint` wrote into the live objects, on every rank.
+    **load_model_kwargs: Any,
+) -> dict[str, Any]:
+    """Restore everything `save_checkpoint` (or Accelerate's `save_state`) wrote, on every rank.
 
-    `models` are the unwrapped modules; they load on their own device.
+    `models` are the user's unwrapped modules; they load on their own device. Returns
+    this rank's saved RNG file (with the accumulation `step`), or {} where there is none.
     """
     if not os.path.isdir(input_dir):
         raise FileNotFoundError(f"no checkpoint folder at {input_dir!r}")
     for i, model in enumerate(models):
-        state = load_file(_required(os.path.join(input_dir, indexed_name(MODEL_NAME, i)), f"model {i}"))
-        model.load_state_dict(state, strict=strict)
+        load_model_weights(model, read_model_weights(find_model_file(input_dir, i)), strict, **load_model_kwargs)
     for i, opt in enumerate(optimizers):
-        opt.load_state_dict(
-            load_file(_required(os.path.join(input_dir, indexed_name(OPTIMIZER_NAME, i)), f"optimizer {i}"))
-        )
+        name = indexed_name(OPTIMIZER_NAME, i)
+        opt.load_state_dict(load_file(_required(os.path.join(input_dir, name), f"optimizer {i}")))
     for i, sched in enumerate(schedulers):
-        sched.load_state_dict(
-            load_file(_required(os.path.join(input_dir, indexed_name(SCHEDULER_NAME, i)), f"scheduler {i}"))
-        )
+        name = indexed_name(SCHEDULER_NAME, i)
+        sched.load_state_dict(load_file(_required(os.path.join(input_dir, name), f"scheduler {i}")))
     if scaler is not None:
         scaler.load_state_dict(load_file(_required(os.path.join(input_dir, SCALER_NAME), "the fp16 GradScaler")))
+    _check_custom_count(input_dir, len(custom_objects))
     for i, obj in enumerate(custom_objects):
-        obj.load_state_dict(
-            load_file(_required(os.path.join(input_dir, f"{CUSTOM_NAME}_{i}.pkl"), f"custom object {i}"))
-        )
+        path = _required(os.path.join(input_dir, f"{CUSTOM_NAME}_{i}.pkl"), f"custom object {i}")
+        obj.load_state_dict(load_file(path, trusted=True))
     for i, loader in enumerate(dataloaders):
-        load_state_dict = getattr(loader, "load_state_dict", None)
-        if not callable(load_state_dict):
-            continue
-        # A rank that did not exist when saving (more processes now) takes rank 0's position.
-        path = os.path.join(input_dir, f"{DATALOADER_NAME}_{i}_rank{process_index}.bin")
-        if not os.path.exists(path):
-            path = os.path.join(input_dir, f"{DATALOADER_NAME}_{i}_rank0.bin")
-        if os.path.exists(path):
-            load_state_dict(load_file(path))
+        state = _saved_loader_state(input_dir, i, loader, process_index)
+        if state is not None:
+            loader.load_state_dict(state)
     rng_path = os.path.join(input_dir, f"{RNG_STATE_NAME}_{process_index}.pkl")
-    if os.path.exists(rng_path):
-        restore_rng_state(load_file(rng_path), hardware)
+    if not os.path.exists(rng_path):
+        return {}
+    states = load_file(rng_path)
+    restore_rng_state(states, hardware)
+    return states
+
+
+def _check_custom_count(input_dir: str, registered: int) -> None:
+    saved = [f for f in os.listdir(input_dir) if _CUSTOM_RE.match(f)]
+    if len(saved) != registered:
+        raise RuntimeError(
+            f"{input_dir} holds {len(saved)} custom checkpoint(s) but {registered} object(s) are registered for "
+            "checkpointing; register the same objects, in the same order, as when saving"
+        )
+
+
+def _saved_loader_state(input_dir: str, index: int, loader: Any, process_index: int) -> Any:
+    if not callable(getattr(loader, "load_state_dict", None)):
+        return None
+    # A rank that did not exist when saving (more processes now) takes rank 0's position.
+    for rank in (process_index, 0):
+        path = os.path.join(input_dir, f"{DATALOADER_NAME}_{index}_rank{rank}.bin")
+        if os.path.exists(path):
+            return load_file(path)
+    path = os.path.join(input_dir, indexed_name(STATEFUL_LOADER_NAME, index))
+    if getattr(loader, "use_stateful_dataloader", False) and os.path.exists(path):
+        return load_file(path)
+    return None

@@ -88,6 +88,13 @@ class Backend:
     def set_rng_state(self, state: torch.Tensor) -> None:
         """Restore a snapshot taken by `get_rng_state`."""
 
+    def checkpoint_rng_states(self) -> dict[str, Any]:
+        """The device generators' states, under the keys of Accelerate's `random_states_<rank>.pkl`."""
+        return {}
+
+    def restore_checkpoint_rng_states(self, states: dict[str, Any]) -> None:
+        """Restore what `checkpoint_rng_states` captured (a checkpoint without this device's keys: no-op)."""
+
     # -- collectives (used by accel.utils.operations) -------------------------------------
 
     def all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,8 @@ the rest of this logic unchanged on CPU.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from accel.backends.base import Backend
@@ -50,6 +52,15 @@ class CUDABackend(Backend):
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         torch.cuda.set_rng_state(state)
+
+    def checkpoint_rng_states(self) -> dict[str, Any]:
+        return {"torch_cuda_manual_seed": torch.cuda.get_rng_state_all()}
+
+    def restore_checkpoint_rng_states(self, states: dict[str, Any]) -> None:
+        saved = states.get("torch_cuda_manual_seed")
+        if saved is not None:
+            # a checkpoint from a machine with more GPUs: this one restores the devices it has
+            torch.cuda.set_rng_state_all(list(saved)[: torch.cuda.device_count()])
 
     def ddp_device_ids(self, device: torch.device) -> list[int] | None:
         return [device.index] if device.type == "cuda" else None

@@ -67,6 +67,13 @@ class XLABackend(Backend):
     def set_rng_state(self, state: torch.Tensor) -> None:
         _xm().set_rng_state(int(state.item()))
 
+    def checkpoint_rng_states(self) -> dict[str, Any]:
+        return {"xm_seed": _xm().get_rng_state()}
+
+    def restore_checkpoint_rng_states(self, states: dict[str, Any]) -> None:
+        if states.get("xm_seed") is not None:
+            _xm().set_rng_state(int(states["xm_seed"]))
+
     def all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
         output.copy_(_xm().all_gather(tensor, dim=0))
         return output

@@ -85,3 +85,111 @@ def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: 
         return
     on_cpu = recursively_apply(lambda t: t.detach().cpu(), obj)
     atomic_save(on_cpu, f, _safetensors_writer if safe_serialization else torch.save)
+
+
+# -- model weights as Hugging Face libraries lay them out ----------------------------------
+
+_SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
+
+
+def parse_shard_size(size: int | str) -> int:
+    """Bytes in a shard size: an int, or digits and a decimal unit ("10GB", "5MB", "100KB")."""
+    if isinstance(size, int):
+        return size
+    text = size.strip()
+    unit = text[-2:].upper()
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"max_shard_size={size!r}: give bytes, or a number with one of the units {list(_SIZE_UNITS)}")
+    try:
+        return int(float(text[:-2]) * _SIZE_UNITS[unit])
+    except ValueError as error:
+        raise ValueError(f"max_shard_size={size!r}: {text[:-2]!r} is not a number") from error
+
+
+def split_into_shards(state_dict: dict[str, Any], max_shard_size: int) -> list[dict[str, Any]]:
+    """Group a state dict into shards of at most `max_shard_size` bytes, in key order.
+
+    A tensor larger than the limit gets a shard of its own; tensors sharing a storage
+    stay in the shard of the first one. Sizes count whole storages, as the Hub does.
+    """
+    shards: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    current_size = 0
+    shard_of_storage: dict[tuple[Any, int], dict[str, Any]] = {}
+    for name, tensor in state_dict.items():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        storage = (tensor.device, tensor.untyped_storage().data_ptr())
+        if tensor.numel() and storage in shard_of_storage:
+            shard_of_storage[storage][name] = tensor
+            continue
+        size = tensor.untyped_storage().nbytes()
+        if size > max_shard_size:
+            shard: dict[str, Any] = {name: tensor}
+            shards.append(shard)
+        else:
+            if current and current_size + size > max_shard_size:
+                shards.append(current)
+                current, current_size = {}, 0
+            current[name] = tensor
+            current_size += size
+            shard = current
+        if tensor.numel():
+            shard_of_storage[storage] = shard
+    if current:
+        shards.append(current)
+    return shards
+
+
+def write_model_weights(
+    state_dict: dict[str, Any],
+    save_directory: str,
+    max_shard_size: int | str = "10GB",
+    safe_serialization: bool = True,
+    writes: bool = True,
+) -> list[str]:
+    """Write `state_dict` into `save_directory` as `transformers` saves and loads it.
+
+    One `model.safetensors` (`pytorch_model.bin` unpickled with `safe_serialization=False`),
+    or past `max_shard_size` the shards `model-0000i-of-0000N.safetensors` with the index
+    `model.safetensors.index.json` (`{"metadata": {"total_size"}, "weight_map"}`). Stale
+    shards of an earlier save are removed. Only the process with `writes` touches the
+    disk. Returns the names of the weight files.
+    """
+    import json
+    import re
+
+    limit = parse_shard_size(max_shard_size)
+    state_dict = _without_shared_tensors(state_dict) if safe_serialization else dict(state_dict)
+    stem, suffix = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
+    shards = split_into_shards(state_dict, limit)
+    count = len(shards)
+    names = [f"{stem}{suffix}"] if count <= 1 else [f"{stem}-{i + 1:05d}-of-{count:05d}{suffix}" for i in range(count)]
+    if not writes:
+        return names
+    os.makedirs(save_directory, exist_ok=True)
+    stale = re.compile(rf"{re.escape(stem)}-\d{{5}}-of-\d{{5}}{re.escape(suffix)}")
+    for existing in os.listdir(save_directory):
+        if stale.fullmatch(existing) and existing not in names:
+            os.remove(os.path.join(save_directory, existing))
+    writer = _safetensors_writer if safe_serialization else torch.save
+    for name, shard in zip(names, shards or [{}], strict=True):
+        on_cpu = {key: value.detach().cpu() for key, value in shard.items()}
+        atomic_save(on_cpu, os.path.join(save_directory, name), writer)
+    if count > 1:
+        total = 0
+        seen: set[tuple[Any, int]] = set()
+        for tensor in state_dict.values():
+            if isinstance(tensor, torch.Tensor):
+                storage = (tensor.device, tensor.untyped_storage().data_ptr())
+                if storage not in seen or not tensor.numel():
+                    seen.add(storage)
+                    total += tensor.untyped_storage().nbytes()
+        index = {
+            "metadata": {"total_size": total},
+            "weight_map": {key: name for name, shard in zip(names, shards, strict=True) for key in shard},
+        }
+        index_name = f"{stem}{suffix}.index.json"
+        text = json.dumps(index, indent=2, sort_keys=True) + "\n"
+        atomic_save(text, os.path.join(save_directory, index_name), lambda obj, handle: handle.write(obj.encode()))
+    return names

@@ -58,7 +58,7 @@ def test_save_writes_once_and_save_state_writes_every_rank(rank, world_size, tmp
     torch.manual_seed(rank)  # a different RNG on each rank, restored per rank
     folder = acc.save_state(tmp_path / "ckpt")
     expected = torch.rand(3)
-    assert sorted(os.listdir(folder)) == ["model.bin", "optimizer.bin"] + [
+    assert sorted(os.listdir(folder)) == ["model.safetensors", "optimizer.bin"] + [
         f"random_states_{r}.pkl" for r in range(world_size)
     ]
     acc.load_state(folder)
