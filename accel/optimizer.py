@@ -10,6 +10,7 @@ asked of the hardware backend (XLA reduces gradients there).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -171,10 +172,23 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     # -- the training step ---------------------------------------------------------------
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the gradients, only at the end of an accumulation window."""
-        if self.gradient_state.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Zero the gradients, only at the end of an accumulation window.
+
+        `set_to_none` defaults to True; an optimizer whose `zero_grad` takes no
+        `set_to_none` is called without it (and refuses an explicit value).
+        """
+        if not self.gradient_state.sync_gradients:
+            return
+        if "set_to_none" in inspect.signature(self.optimizer.zero_grad).parameters:
+            self.optimizer.zero_grad(set_to_none=True if set_to_none is None else set_to_none)
+        elif set_to_none is not None:
+            raise ValueError(
+                f"set_to_none={set_to_none} cannot be passed on: {type(self.optimizer).__name__}.zero_grad() takes "
+                "no set_to_none. Call zero_grad() without it."
+            )
+        else:
+            self.optimizer.zero_grad()
 
     def _notify_join(self) -> None:
         # Inside join_uneven_inputs' fallback: tell the joined ranks, once per step and
