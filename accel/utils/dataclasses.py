@@ -192,6 +192,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
             return
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
+        hook: Any
         if self.comm_hook in ("fp16", "bf16"):
             hook = default_hooks.fp16_compress_hook if self.comm_hook == "fp16" else default_hooks.bf16_compress_hook
             model.register_comm_hook(state=None, hook=hook)

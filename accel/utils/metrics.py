@@ -107,10 +107,8 @@ def _objects_round(state: Any, data: Any, finished: bool, contributing: bool) ->
     payloads = [payload for _, gives, payload in everyone if gives]
     if not payloads:
         return None, all(done for done, _, _ in everyone)
-    if all(isinstance(p, (list, tuple)) for p in payloads):
-        joined = [item for p in payloads for item in p]
-    else:
-        joined = payloads
+    nested = all(isinstance(p, (list, tuple)) for p in payloads)
+    joined = [item for p in payloads for item in p] if nested else payloads
     return joined, all(done for done, _, _ in everyone)
 
 
@@ -124,7 +122,7 @@ def _tensors_round(state: Any, data: Any, finished: bool, contributing: bool) ->
     everyone_finished = all(row[0] for row in table)
     sizes = [[row[1 + j] for row in table] for j in range(len(tensors))]
     padded = []
-    for t, per_process in zip(tensors, sizes):
+    for t, per_process in zip(tensors, sizes, strict=True):
         longest = max(per_process)
         if t.shape[0] < longest:
             grown = t.new_zeros((longest, *t.shape[1:]))
@@ -133,7 +131,7 @@ def _tensors_round(state: Any, data: Any, finished: bool, contributing: bool) ->
         padded.append(t)
     gathered = gather(padded)
     joined = []
-    for g, per_process in zip(gathered, sizes):
+    for g, per_process in zip(gathered, sizes, strict=True):
         rows = g.view(world, max(per_process), *g.shape[1:])
         joined.append(torch.cat([rows[r, :size] for r, size in enumerate(per_process)]))
     return _replace_tensors(data, joined), everyone_finished

@@ -55,7 +55,7 @@ def _unwrap_submodules(module: torch.nn.Module) -> None:
     """Replace, in place, every data-parallel wrapper among the submodules by the module it wraps."""
     for name, child in list(module.named_children()):
         while _is_parallel_wrapper(child):
-            child = child.module
+            child = child.module  # type: ignore[assignment]  # DDP/DataParallel.module is a Module
         setattr(module, name, child)
         _unwrap_submodules(child)
 

@@ -81,6 +81,7 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
     if rng_type == RNGType.TORCH:
         torch.set_rng_state(shared)
     elif rng_type == RNGType.GENERATOR:
+        assert generator is not None  # checked above, before the collective
         generator.set_state(shared)
     else:
         hardware.set_rng_state(shared)
