@@ -354,3 +354,18 @@ def test_simulated_launch_reports_the_failing_rank_once(script, capsys):
     assert f'[rank 1]   File "{script}", line' in err
     assert "runpy" not in err
     assert "accel launch: 1 of 3 ranks failed (rank 1)" in err
+
+
+def test_a_module_runs_with_dash_m(tmp_path, monkeypatch, capsys):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(
+        "import os, sys\n"
+        "if __name__ == '__main__':\n"
+        "    print('module', os.environ['RANK'], sys.argv[1:], flush=True)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["launch", "--simulate", "cpu", "-m", "pkg.train", "x"]) == 0
+    out = capsys.readouterr().out
+    assert "[rank 0] module 0 ['x']" in out and "[rank 1] module 1 ['x']" in out

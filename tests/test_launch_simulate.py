@@ -143,7 +143,12 @@ time.sleep(120)
 """
 
 
-def test_ctrl_c_stops_every_rank_and_says_so_in_one_line(tmp_path):
+@pytest.mark.parametrize(
+    ("signum", "words"),
+    [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_ctrl_c_stops_every_rank_and_says_so_in_one_line(tmp_path, signum, words):
     (tmp_path / "sleeper.py").write_text(SLEEPER)
     proc = _start("--simulate", "cuda", "--num_processes", "2", "sleeper.py", cwd=tmp_path)
     try:
@@ -155,12 +160,15 @@ def test_ctrl_c_stops_every_rank_and_says_so_in_one_line(tmp_path):
             if len(pids) == 2:
                 break
         assert len(pids) == 2
-        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)  # what the terminal does on Ctrl-C: the whole foreground group
+        else:
+            os.kill(proc.pid, signum)  # what a job scheduler does
         err = proc.communicate(timeout=60)[1].decode()
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
-    assert err == "accel launch: interrupted; stopped all 2 ranks\n"
+    assert proc.returncode == 128 + signum, err
+    assert err == f"accel launch: {words}; stopped all 2 ranks\n"
     _assert_gone(pids)
     _assert_nothing_left(proc.pid)
 

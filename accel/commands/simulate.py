@@ -3,11 +3,12 @@
 What the ranks print streams live (`accel.sim.output`), each line prefixed ``[rank N]``
 unless a single rank is shown; each failing rank's report is printed once, prefixed
 the same way; the exit code is that of the first failing rank (`sys.exit(3)` -> 3).
-There is no time limit unless `--timeout` is given. Ctrl-C stops every rank and says
-so in one line. `--max_restarts N` runs the script again on fresh ranks after a
-failure, up to N times, with `TORCHELASTIC_RESTART_COUNT` set as torchrun sets it;
-faults given with `--fault` are injected in the first attempt only, as a lost node
-or a crash would happen once.
+There is no time limit unless `--timeout` is given. Ctrl-C (or SIGTERM) stops every
+rank and says so in one line; the exit code is then 128 + the signal, as a shell's.
+`--max_restarts N` runs the script again on fresh ranks after a failure, up to N
+times, with `TORCHELASTIC_RESTART_COUNT` set as torchrun sets it; faults given with
+`--fault` are injected in the first attempt only, as a lost node or a crash would
+happen once.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from typing import Any
 
 from accel.sim import output
 
-#: Ctrl-C (and SIGTERM) end a simulated run with this exit code, as a shell reports SIGINT
-INTERRUPTED_EXIT_CODE = 130
 #: the resource tracker's end-of-run warning, left out (see `_quiet_resource_tracker`)
 _TRACKER_WARNING_FILTER = "ignore:resource_tracker:UserWarning"
 
@@ -89,8 +88,9 @@ def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
             return 0
         except KeyboardInterrupt:
             sys.stdout.flush()
-            print(f"accel launch: interrupted; stopped all {world_size} ranks", file=sys.stderr)
-            return INTERRUPTED_EXIT_CODE
+            why = "terminated" if _interruptible.received == signal.SIGTERM else "interrupted"
+            print(f"accel launch: {why}; stopped all {world_size} ranks", file=sys.stderr)
+            return 128 + (_interruptible.received or signal.SIGINT)
         except DistributedFailure as failure:
             sys.stdout.flush()
             print(format_failures(failure.failures, world_size, getattr(failure, "stopped", None)), file=sys.stderr)
@@ -139,12 +139,17 @@ class _interruptible:
     us): the launch's clean-up kills them.
     """
 
+    #: the signal that interrupted the last launch (None: none did)
+    received: int | None = None
+
     def __enter__(self) -> None:
+        _interruptible.received = None
         self._previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         for sig in self._previous:
             signal.signal(sig, self._interrupt)
 
     def _interrupt(self, signum: int, frame: Any) -> None:
+        _interruptible.received = signum
         for sig in self._previous:
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         raise KeyboardInterrupt
