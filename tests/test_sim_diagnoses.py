@@ -36,7 +36,10 @@ def group_of_one():
     import torch
     import torch.distributed as dist
 
-    value = torch.tensor([3.0])
+    from accel.state import PartialState
+
+    device = PartialState().device
+    value = torch.tensor([3.0], device=device if device.type == "cuda" else "cpu")  # NCCL takes GPU tensors only
     dist.all_reduce(value)
     return dist.is_initialized(), dist.get_world_size(), dist.get_rank(), value.item()
 
@@ -367,3 +370,38 @@ def test_faults_naming_a_missing_rank_are_refused_before_launching():
         launch(steps, args=(1,), world_size=2, faults=["kill:rank=2:collective=1"])
     with pytest.raises(TypeError, match="faults must be"):
         as_faults([3])
+
+
+def _write_board(path, state, **board):
+    import json
+
+    data = state + json.dumps(board).encode() + b"\0"
+    path.write_bytes(data.ljust(4096, b"\0"))
+
+
+def test_deadlock_watch_counts_what_finished_ranks_took_part_in(tmp_path, monkeypatch):
+    from accel.sim import deadlock
+
+    monkeypatch.setattr(deadlock, "SETTLE", 0.0)
+    waiting = {"task": 7, "op": "all_reduce", "count": 2, "call": 2, "ranks": [0, 1], "group": "default", "seq": 2}
+    _write_board(tmp_path / "rank0.board", b"W", **waiting, seqs={"default": 2})
+    watch = deadlock.Watch(2, str(tmp_path), task=7)
+
+    # rank 1 finished after its 2nd collective: it took part in the one rank 0 is leaving
+    _write_board(tmp_path / "rank1.board", b"I", **{**waiting, "seqs": {"default": 2}})
+    assert watch.stuck([0], finished={1}) == {} and watch.stuck([0], finished={1}) == {}
+
+    # rank 1 finished after its 1st: rank 0's 2nd can never complete
+    _write_board(tmp_path / "rank1.board", b"I", **{**waiting, "seqs": {"default": 1}})
+    watch.stuck([0], finished={1})
+    assert list(watch.stuck([0], finished={1})) == [0]
+
+    # rank 1's board is from an earlier task: it did no collective in this one
+    _write_board(tmp_path / "rank1.board", b"I", **{**waiting, "task": 6, "seqs": {"default": 5}})
+    watch = deadlock.Watch(2, str(tmp_path), task=7)
+    watch.stuck([0], finished={1})
+    assert list(watch.stuck([0], finished={1})) == [0]
+
+    # a rank that is not waiting (computing) means no verdict yet
+    _write_board(tmp_path / "rank0.board", b"I", **waiting, seqs={"default": 2})
+    assert watch.stuck([0], finished={1}) == {}

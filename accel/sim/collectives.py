@@ -137,19 +137,26 @@ class _Watch:
         if faults.armed():
             faults.at_collective(self.count)
         ranks, group_name = _group_of(group)
-        self._waiting(name, ranks)
+        seq = self.sequences.get(group_name, 0) + 1
+        self.sequences[group_name] = seq
+        self._waiting(name, ranks, group_name, seq)
         try:
             if self.check and len(ranks) > 1:
-                self._check(name, index, args, kwargs, ranks, group_name)
+                self._check(name, index, args, kwargs, ranks, group_name, seq)
             return original(*args, **kwargs)
         finally:
             self._idle()
 
     def _check(
-        self, name: str, index: dict[str, int], args: tuple, kwargs: dict, ranks: list[int], group_name: str
+        self,
+        name: str,
+        index: dict[str, int],
+        args: tuple,
+        kwargs: dict,
+        ranks: list[int],
+        group_name: str,
+        seq: int,
     ) -> None:
-        seq = self.sequences.get(group_name, 0) + 1
-        self.sequences[group_name] = seq
         store = self._store()
         signature = _signature(name, index, args, kwargs)
         key = f"{group_name}/{seq}/"
@@ -191,10 +198,22 @@ class _Watch:
 
     # -- the board the parent reads -----------------------------------------------------
 
-    def _waiting(self, name: str, ranks: list[int]) -> None:
+    def _waiting(self, name: str, ranks: list[int], group_name: str = "", seq: int = 0) -> None:
         if self.board is None:
             return
-        board = {"op": name, "count": self.count, "call": self.calls, "ranks": ranks}
+        # `seqs`: how many collectives this rank entered per group in this task; the board
+        # keeps it when the rank goes idle, so that the parent knows, of a rank that has
+        # finished, which collectives it took part in.
+        board = {
+            "task": self.task,
+            "op": name,
+            "count": self.count,
+            "call": self.calls,
+            "ranks": ranks,
+            "group": group_name,
+            "seq": seq,
+            "seqs": self.sequences,
+        }
         data = json.dumps(board).encode()[: BOARD_SIZE - 2]
         self.board[1 : 1 + len(data)] = data
         self.board[1 + len(data)] = 0

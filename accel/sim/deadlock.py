@@ -1,12 +1,13 @@
 """Seeing, from the parent, that ranks wait in a collective that can no longer complete.
 
 Each rank writes to a small board file (`accel.sim.collectives`) which collective it is
-waiting in, its count within the task and the ranks of its group, and clears it when the
-call returns. Once some ranks have finished the task (returned or failed), the others
-are deadlocked if every one of them waits in a collective, and at least one of those
-collectives has a finished rank in its group: that rank will never join it. The verdict
-waits `SETTLE` seconds with nothing moving, so that a collective the finished rank did
-take part in, and which is just returning, is not mistaken for one.
+waiting in (its group, its number in that group), and how many collectives it entered
+per group; when the call returns the board says "idle" but keeps those numbers. Once
+some ranks have finished the task (returned or failed), the others are deadlocked if
+every one of them waits in a collective (or a blocking send/recv) and at least one of
+those can never complete: a rank of its group finished after fewer collectives of that
+group (or, for a send/recv, the peer finished). The verdict also waits `SETTLE` seconds
+with nothing moving, as a margin for boards read while being written.
 
 Torch-free: the parent (pytest, `accel launch`) imports it.
 """
@@ -33,17 +34,18 @@ def board_path(workdir: str, rank: int) -> str:
     return os.path.join(workdir, f"rank{rank}.board")
 
 
-def read_board(path: str) -> dict[str, Any] | None:
-    """What a rank's board says: {"op", "count", "ranks"} while it waits in a collective, else None.
+def read_board(path: str, waiting_only: bool = True) -> dict[str, Any] | None:
+    """What a rank's board says (see `accel.sim.collectives`) while it waits in a collective, else None.
 
-    A board read while the rank rewrites it may not parse: that reads as None (not waiting).
+    `waiting_only=False` reads the last call's board of an idle rank too. A board read
+    while the rank rewrites it may not parse: that reads as None.
     """
     try:
         with open(path, "rb") as handle:
             data = handle.read(BOARD_SIZE)
     except OSError:
         return None
-    if not data or data[0] != ord("W"):
+    if not data or (waiting_only and data[0] != ord("W")):
         return None
     try:
         board = json.loads(data[1:].split(b"\0", 1)[0])
@@ -55,8 +57,9 @@ def read_board(path: str) -> dict[str, Any] | None:
 class Watch:
     """Watches the boards of one task's ranks for a deadlock."""
 
-    def __init__(self, world_size: int, workdir: str) -> None:
+    def __init__(self, world_size: int, workdir: str, task: int) -> None:
         self._paths = [board_path(workdir, rank) for rank in range(world_size)]
+        self._task = task
         self._seen: dict[int, int] | None = None
         self._since = 0.0
 
@@ -64,8 +67,15 @@ class Watch:
         """rank -> board of every pending rank, when they are deadlocked (else empty)."""
         boards = {rank: read_board(self._paths[rank]) for rank in pending}
         waiting = {rank: board for rank, board in boards.items() if board is not None}
-        doomed = any(set(board.get("ranks", ())) & finished for board in waiting.values())
-        if len(waiting) < len(pending) or not doomed:
+        if len(waiting) < len(pending):
+            self._seen = None
+            return {}
+        done: dict[int, dict[str, int]] = {}
+        for rank in finished:
+            last = read_board(self._paths[rank], waiting_only=False)
+            done[rank] = last.get("seqs", {}) if last is not None and last.get("task") == self._task else {}
+        doomed = any(self._can_never_complete(board, done) for board in waiting.values())
+        if not doomed:
             self._seen = None
             return {}
         snapshot = {rank: board.get("call", 0) for rank, board in waiting.items()}
@@ -74,6 +84,14 @@ class Watch:
             self._seen, self._since = snapshot, now
             return {}
         return waiting if now - self._since >= SETTLE else {}
+
+    @staticmethod
+    def _can_never_complete(board: dict[str, Any], done: dict[int, dict[str, int]]) -> bool:
+        members = [rank for rank in board.get("ranks", ()) if rank in done]
+        if board.get("op") in ("send", "recv"):
+            return bool(members)
+        group, seq = board.get("group", ""), board.get("seq", 0)
+        return any(done[rank].get(group, 0) < seq for rank in members)
 
 
 def _library_dirs() -> tuple[str, ...]:

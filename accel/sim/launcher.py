@@ -134,7 +134,8 @@ def raise_for_failures(
     if len(mismatches) == 1 and len(mismatches) == len({f.message for f in failures.values()}):
         # Every failed rank raised the same report: say it once, in the summary.
         summary = next(iter(mismatches)).splitlines()[0]
-        raise DistributedFailure(failures, stopped, world_size, device, summary=f"{summary} (device {device!r})")
+        in_order = dict(sorted(failures.items()))  # all alike: rank order reads best
+        raise DistributedFailure(in_order, stopped, world_size, device, summary=f"{summary} (device {device!r})")
     if failures and all(f.kind == "deadlock" for f in failures.values()):
         done = [o.rank for o in outcomes if o.status == Status.OK]
         waits = "; ".join(f"rank {rank} {failure.waiting}" for rank, failure in sorted(failures.items()))

@@ -253,7 +253,7 @@ class RankPool:
         outcomes: dict[int, RankOutcome] = {}
         deadline = time.monotonic() + timeout if timeout is not None else float("inf")
         stop_at: float | None = None
-        watch = deadlock.Watch(self.world_size, self._workdir)
+        watch = deadlock.Watch(self.world_size, self._workdir, self.tasks_run)
         stuck: dict[int, dict[str, Any]] = {}
         while len(outcomes) < self.world_size:
             limit = deadline if stop_at is None else min(deadline, stop_at)

@@ -45,8 +45,8 @@ from accel.sim.torchrun_env import torchrun_environment
 
 #: source files whose frames are left out of a rank's traceback (the simulator's own)
 INTERNAL_FILES: set[str] = {__file__}
-#: files whose frames are left out at the end of a traceback: the collective wrapper and
-#: the fault injector raise on the user's behalf, the user's call is the frame that matters
+#: files whose frames are left out of a traceback: the collective wrapper and the fault
+#: injector stand between the user's call and torch, or raise on the user's behalf
 RAISING_FILES: set[str] = {collectives.__file__, faults.__file__}
 
 _PR_SET_PDEATHSIG = 1
@@ -245,14 +245,7 @@ def describe_exception(error: BaseException) -> ExceptionReport:
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in INTERNAL_FILES:
         tb = tb.tb_next
-    last_own = None
-    cursor = tb
-    while cursor is not None:
-        if cursor.tb_frame.f_code.co_filename not in RAISING_FILES:
-            last_own = cursor
-        cursor = cursor.tb_next
-    if last_own is not None and last_own.tb_next is not None:
-        last_own.tb_next = None  # the frames after it are the simulator's raising on the user's behalf
+    tb = _without_wrapper_frames(tb)
     kind = type(error)
     module = kind.__module__
     try:
@@ -265,6 +258,24 @@ def describe_exception(error: BaseException) -> ExceptionReport:
         traceback="".join(traceback.format_exception(kind, error, tb)),
         exception=pickled,
     )
+
+
+def _without_wrapper_frames(tb: Any) -> Any:
+    """The traceback without the collective wrapper's and fault injector's frames.
+
+    They sit between the user's call and torch's function (or raise on the user's
+    behalf): the user's frame and torch's are the ones that explain the error.
+    """
+    kept = []
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename not in RAISING_FILES:
+            kept.append(tb)
+        tb = tb.tb_next
+    for earlier, later in zip(kept, kept[1:], strict=False):
+        earlier.tb_next = later
+    if kept:
+        kept[-1].tb_next = None
+    return kept[0] if kept else None
 
 
 def _save_coverage() -> None:
