@@ -363,7 +363,9 @@ def test_failure_text_labels_every_line_with_its_rank():
         "exception",
         exc_type="pkg.CustomError",
         message="first line\nsecond",
-        traceback='Traceback (most recent call last):\n  File "x.py", line 1, in f\npkg.CustomError: first line\nsecond\n',
+        traceback=(
+            'Traceback (most recent call last):\n  File "x.py", line 1, in f\npkg.CustomError: first line\nsecond\n'
+        ),
     )
     lines = failure.format().splitlines()
     assert lines[0] == "[rank 3] CustomError: first line"
