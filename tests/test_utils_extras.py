@@ -358,3 +358,99 @@ def test_is_initialized_follows_the_accelerator_state():
     assert not is_initialized()
     AcceleratorState()
     assert is_initialized()
+
+
+# -- small helpers, side by side with Accelerate ------------------------------------------------
+
+
+def test_env_parsing_matches_accelerate(monkeypatch):
+    import accelerate.utils as peer
+
+    from accel.utils import get_int_from_env, parse_choice_from_env, parse_flag_from_env, str_to_bool
+
+    for text in ["y", "YES", "t", "True", "on", "1", "n", "No", "f", "false", "OFF", "0"]:
+        assert str_to_bool(text) == peer.str_to_bool(text) and str_to_bool(text, to_bool=True) is bool(
+            peer.str_to_bool(text)
+        )
+    with pytest.raises(ValueError, match="invalid truth value"):
+        str_to_bool("maybe")
+    monkeypatch.setenv("ACCEL_TEST_FLAG", "yes")
+    monkeypatch.setenv("ACCEL_TEST_INT_B", "3")
+    monkeypatch.setenv("ACCEL_TEST_INT_A", "-1")
+    assert parse_flag_from_env("ACCEL_TEST_FLAG") is peer.parse_flag_from_env("ACCEL_TEST_FLAG") is True
+    assert parse_flag_from_env("ACCEL_TEST_UNSET", True) is True
+    assert parse_choice_from_env("ACCEL_TEST_UNSET") == peer.parse_choice_from_env("ACCEL_TEST_UNSET") == "no"
+    keys = ["ACCEL_TEST_INT_A", "ACCEL_TEST_INT_B"]
+    assert get_int_from_env(keys, 7) == peer.get_int_from_env(keys, 7) == 3
+    assert get_int_from_env(["ACCEL_TEST_UNSET"], 7) == 7
+
+
+def test_versions_match_accelerate():
+    import accelerate.utils as peer
+    from packaging.version import Version
+
+    from accel.utils import compare_versions, is_torch_version
+
+    for op in [">", ">=", "==", "!=", "<=", "<"]:
+        assert is_torch_version(op, "2.4") == peer.is_torch_version(op, "2.4")
+        assert compare_versions(Version("1.2.3"), op, "1.2.3") == peer.compare_versions(Version("1.2.3"), op, "1.2.3")
+    assert compare_versions("torch", ">=", "2.0")
+    with pytest.raises(ValueError, match="operation must be one of"):
+        compare_versions("torch", "=>", "2.0")
+
+
+def test_other_helpers_match_accelerate():
+    import collections
+
+    import accelerate.utils as peer
+
+    from accel.utils import (
+        convert_bytes,
+        get_pretty_name,
+        honor_type,
+        ignorant_find_batch_size,
+        merge_dicts,
+        recursive_getattr,
+    )
+
+    for size in [0, 512, 2048, 5 * 1024**3, 3 * 1024**5]:
+        assert convert_bytes(size) == peer.convert_bytes(size)
+    for obj in [torch.nn.Linear, torch.nn.Linear(1, 1), len, 3]:
+        assert get_pretty_name(obj) == peer.get_pretty_name(obj)
+    assert merge_dicts({"a": {"b": 1}, "c": 2}, {"a": {"d": 3}}) == {"a": {"d": 3, "b": 1}, "c": 2}
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    assert recursive_getattr(model, "0.weight") is peer.recursive_getattr(model, "0.weight")
+    Pair = collections.namedtuple("Pair", "a b")
+    assert honor_type(Pair(1, 2), iter([3, 4])) == Pair(3, 4) and honor_type([1], (x for x in [5])) == [5]
+    for data in [{"x": torch.ones(3, 1)}, {"x": 1}, []]:
+        assert ignorant_find_batch_size(data) == peer.ignorant_find_batch_size(data)
+    assert ignorant_find_batch_size(torch.tensor(1.0)) is None  # Accelerate lets an IndexError through here
+
+
+def test_is_port_in_use():
+    import socket
+
+    from accel.utils import is_port_in_use
+
+    with socket.socket() as server:
+        server.bind(("localhost", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert is_port_in_use(port)
+    assert not is_port_in_use(port)
+
+
+def test_wait_for_everyone_alone_returns():
+    from accel.utils import wait_for_everyone
+
+    PartialState()
+    assert wait_for_everyone() is None
+
+
+def test_checkpoint_file_names_are_accelerate_s():
+    import accelerate.utils as peer
+
+    from accel.utils import constants
+
+    names = [n for n in dir(constants) if n.isupper()]
+    assert len(names) == 13 and all(getattr(constants, n) == getattr(peer, n) for n in names)

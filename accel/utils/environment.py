@@ -38,6 +38,35 @@ def env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={raw!r} must be an integer") from None
 
 
+def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
+    """1 (or True with `to_bool`) for y/yes/t/true/on/1, 0 (False) for n/no/f/false/off/0; ValueError otherwise."""
+    lowered = value.lower()
+    if lowered in ("y", "yes", "t", "true", "on", "1"):
+        return True if to_bool else 1
+    if lowered in ("n", "no", "f", "false", "off", "0"):
+        return False if to_bool else 0
+    raise ValueError(f"invalid truth value {value!r}: use one of y/yes/t/true/on/1 or n/no/f/false/off/0")
+
+
+def parse_flag_from_env(key: str, default: bool = False) -> bool:
+    """The boolean value of environment variable `key` (see `str_to_bool`), `default` when unset."""
+    return str_to_bool(os.environ.get(key, str(default))) == 1
+
+
+def parse_choice_from_env(key: str, default: str = "no") -> str:
+    """The value of environment variable `key`, `default` when unset."""
+    return os.environ.get(key, str(default))
+
+
+def get_int_from_env(env_keys: list[str], default: int) -> int:
+    """The first non-negative integer among the environment variables `env_keys`, else `default`."""
+    for key in env_keys:
+        value = int(os.environ.get(key, -1))
+        if value >= 0:
+            return value
+    return default
+
+
 @contextlib.contextmanager
 def clear_environment() -> Iterator[None]:
     """Run the block with an empty `os.environ`; the previous environment is back afterwards, exactly."""

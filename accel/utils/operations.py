@@ -30,17 +30,17 @@ class DistributedOperationException(RuntimeError):
 # -- walking nested structures --------------------------------------------------------
 
 
-def is_torch_tensor(obj: Any) -> bool:
-    """Whether `obj` is a `torch.Tensor` (the default leaf test of `recursively_apply`)."""
-    return isinstance(obj, torch.Tensor)
+def is_torch_tensor(tensor: Any) -> bool:
+    """Whether `tensor` is a `torch.Tensor` (the default leaf test of `recursively_apply`)."""
+    return isinstance(tensor, torch.Tensor)
 
 
 is_tensor = is_torch_tensor
 
 
-def is_tensor_information(obj: Any) -> bool:
-    """Whether `obj` is a `TensorInformation` (a tensor described by `get_data_structure`)."""
-    return isinstance(obj, TensorInformation)
+def is_tensor_information(tensor_info: Any) -> bool:
+    """Whether `tensor_info` is a `TensorInformation` (a tensor described by `get_data_structure`)."""
+    return isinstance(tensor_info, TensorInformation)
 
 
 class CannotPadNestedTensorWarning(UserWarning):
@@ -53,6 +53,13 @@ def is_namedtuple(data: Any) -> bool:
 
 
 _is_namedtuple = is_namedtuple
+
+
+def honor_type(obj: Any, generator: Any) -> Any:
+    """A list, tuple or namedtuple of the same type as `obj` holding the items of `generator`."""
+    if is_namedtuple(obj):
+        return type(obj)(*list(generator))
+    return type(obj)(generator)
 
 
 def _rebuild(container: Any, items: Any) -> Any:
@@ -191,6 +198,14 @@ def find_batch_size(data: Any) -> int:
     if first.dim() == 0:
         raise ValueError("Cannot find a batch size: the first tensor found is a 0-d scalar")
     return first.shape[0]
+
+
+def ignorant_find_batch_size(data: Any) -> int | None:
+    """`find_batch_size`, or None where that raises (no tensor, or a 0-d one first)."""
+    try:
+        return find_batch_size(data)
+    except (ValueError, TypeError):
+        return None
 
 
 def concatenate(data: Sequence[Any], dim: int = 0) -> Any:
