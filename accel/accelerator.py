@@ -379,6 +379,7 @@ class Accelerator:
 
     def _prepare_one(self, obj: Any, placement: bool | None, schedulers: bool) -> Any:
         if getattr(obj, "_is_accel_prepared", False):
+            self._register_prepared(obj)
             return obj
         if schedulers:
             if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
@@ -392,6 +393,20 @@ class Accelerator:
             return self.prepare_optimizer(obj, device_placement=placement)
         return obj
 
+    def _register_prepared(self, obj: Any) -> None:
+        # As Accelerate: an object prepared before is not wrapped again, and is registered (for
+        # save_state) only if this accelerator does not hold it already (e.g. after free_memory).
+        if isinstance(obj, AcceleratedOptimizer):
+            registry: list[Any] = self._optimizers
+        elif isinstance(obj, AcceleratedScheduler):
+            registry = self._schedulers
+        elif isinstance(obj, torch.nn.Module):
+            registry = self._models
+        else:
+            registry = self._dataloaders
+        if not any(known is obj for known in registry):
+            registry.append(obj)
+
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
@@ -400,8 +415,12 @@ class Accelerator:
         The wrapping is the backend's (DistributedDataParallel on CPU/GPU with the
         `DistributedDataParallelKwargs` and its communication hook; unchanged on XLA). A
         `torch.compile`d model keeps its compiled wrapper around the wrapped module.
-        `evaluation_mode=True` skips the data-parallel wrapper.
+        `evaluation_mode=True` skips the data-parallel wrapper. A model prepared before
+        is returned as it is.
         """
+        if getattr(model, "_is_accel_prepared", False):
+            self._register_prepared(model)
+            return model
         if device_placement is None:
             device_placement = self.device_placement
         compiled = model if is_compiled_module(model) else None
@@ -441,6 +460,7 @@ class Accelerator:
     ) -> AcceleratedOptimizer:
         """Wrap `optimizer` in an `AcceleratedOptimizer` (accumulation-aware, fp16 scaler)."""
         if isinstance(optimizer, AcceleratedOptimizer):
+            self._register_prepared(optimizer)
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
@@ -452,6 +472,7 @@ class Accelerator:
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap `scheduler` so it follows the real steps of the optimizer it drives."""
         if isinstance(scheduler, AcceleratedScheduler):
+            self._register_prepared(scheduler)
             return scheduler
         target = getattr(scheduler, "optimizer", None)
         optimizers = [opt for opt in self._optimizers if opt is target or opt.optimizer is target] or self._optimizers
@@ -471,6 +492,9 @@ class Accelerator:
         """Shard `data_loader` across processes (see `accel.data_loader.prepare_data_loader`)."""
         from accel.data_loader import prepare_data_loader
 
+        if getattr(data_loader, "_is_accel_prepared", False):
+            self._register_prepared(data_loader)
+            return data_loader
         if device_placement is None:
             device_placement = self.device_placement
         config = self.dataloader_config

@@ -488,6 +488,21 @@ def test_checkpoint_errors(tmp_path):
         acc.load_state(tmp_path / "empty")
 
 
+def test_preparing_again_does_not_register_twice(tmp_path):
+    acc = Accelerator()
+    model, opt, sched = _training_setup(acc)
+    loader = acc.prepare(torch.utils.data.DataLoader(list(range(8)), batch_size=2))
+    again = acc.prepare(model, opt, sched, loader)
+    assert again == (model, opt, sched, loader)
+    assert acc.prepare_model(model) is model and acc.prepare_optimizer(opt) is opt
+    assert (len(acc._models), len(acc._optimizers), len(acc._schedulers), len(acc._dataloaders)) == (1, 1, 1, 1)
+    folder = acc.save_state(tmp_path / "ckpt")
+    assert sorted(f for f in os.listdir(folder) if f.startswith("model")) == ["model.safetensors"]
+    # forgotten by free_memory, then prepared again: registered again, as Accelerate does
+    acc.free_memory()
+    assert acc.prepare(model) is model and acc._models == [model]
+
+
 # -- the rest of the API ---------------------------------------------------------------------------
 
 

@@ -83,6 +83,8 @@ def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: 
     writes = state.is_local_main_process if save_on_each_node else state.is_main_process
     if not writes:
         return
+    if safe_serialization and isinstance(obj, dict):
+        obj = _without_shared_tensors(obj)  # before the copies to the CPU, which no longer share memory
     on_cpu = recursively_apply(lambda t: t.detach().cpu(), obj)
     atomic_save(on_cpu, f, _safetensors_writer if safe_serialization else torch.save)
 
@@ -152,8 +154,8 @@ def write_model_weights(
 
     One `model.safetensors` (`pytorch_model.bin` unpickled with `safe_serialization=False`),
     or past `max_shard_size` the shards `model-0000i-of-0000N.safetensors` with the index
-    `model.safetensors.index.json` (`{"metadata": {"total_size"}, "weight_map"}`). Stale
-    shards of an earlier save are removed. Only the process with `writes` touches the
+    `model.safetensors.index.json` (`{"metadata": {"total_size"}, "weight_map"}`). Shards
+    and index of an earlier save that this one does not replace are removed. Only the process with `writes` touches the
     disk. Returns the names of the weight files.
     """
     import json
@@ -169,8 +171,9 @@ def write_model_weights(
         return names
     os.makedirs(save_directory, exist_ok=True)
     stale = re.compile(rf"{re.escape(stem)}-\d{{5}}-of-\d{{5}}{re.escape(suffix)}")
+    index_name = f"{stem}{suffix}.index.json"
     for existing in os.listdir(save_directory):
-        if stale.fullmatch(existing) and existing not in names:
+        if (stale.fullmatch(existing) and existing not in names) or (existing == index_name and count <= 1):
             os.remove(os.path.join(save_directory, existing))
     writer = _safetensors_writer if safe_serialization else torch.save
     for name, shard in zip(names, shards or [{}], strict=True):
@@ -189,7 +192,6 @@ def write_model_weights(
             "metadata": {"total_size": total},
             "weight_map": {key: name for name, shard in zip(names, shards, strict=True) for key in shard},
         }
-        index_name = f"{stem}{suffix}.index.json"
         text = json.dumps(index, indent=2, sort_keys=True) + "\n"
         atomic_save(text, os.path.join(save_directory, index_name), lambda obj, handle: handle.write(obj.encode()))
     return names
