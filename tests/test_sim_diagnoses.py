@@ -12,6 +12,8 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from accel.sim import (
     CollectiveMismatch,
@@ -356,6 +358,7 @@ def test_parse_fault_grammar():
         "kill:rank=1:rank=2:collective=1": "rank is given twice",
         "kill:rank=1:collective=1:when=now": "unknown field",
         "kill:rank=1:collective=1:seconds=2": "only a stall takes seconds",
+        "kill:rank=1:point=": "is not NAME=VALUE",
     }
     for spec, message in bad.items():
         with pytest.raises(ValueError, match=message) as info:
@@ -405,3 +408,17 @@ def test_deadlock_watch_counts_what_finished_ranks_took_part_in(tmp_path, monkey
     # a rank that is not waiting (computing) means no verdict yet
     _write_board(tmp_path / "rank0.board", b"I", **waiting, seqs={"default": 2})
     assert watch.stuck([0], finished={1}) == {}
+
+
+@given(
+    action=st.sampled_from(["kill", "raise", "stall"]),
+    rank=st.integers(0, 512),
+    at=st.one_of(
+        st.integers(1, 10**6).map(lambda n: {"collective": n}),
+        st.from_regex(r"[A-Za-z_][A-Za-z0-9_.\-]{0,20}", fullmatch=True).map(lambda p: {"point": p}),
+    ),
+    seconds=st.floats(0, 1e9, allow_nan=False),
+)
+def test_every_fault_reads_back_from_its_spec(action, rank, at, seconds):
+    fault = Fault(action, rank=rank, seconds=seconds if action == "stall" else 5.0, **at)
+    assert parse_fault(fault.describe()) == fault

@@ -58,15 +58,16 @@ class Fault:
             )
         if self.collective is not None and (not isinstance(self.collective, int) or self.collective < 1):
             raise ValueError(f"a fault's collective counts from 1, got {self.collective!r}")
-        if self.point is not None and (not isinstance(self.point, str) or not self.point):
-            raise ValueError(f"a fault's point must be a non-empty name, got {self.point!r}")
+        if self.point is not None and (not isinstance(self.point, str) or not self.point or ":" in self.point):
+            raise ValueError(f"a fault's point must be a non-empty name without ':', got {self.point!r}")
         if self.seconds < 0:
             raise ValueError(f"a stall lasts 0 seconds or more, got {self.seconds!r}")
 
     def describe(self) -> str:
         """The fault in the words of its spec, e.g. "kill:rank=1:collective=3"."""
         where = f"collective={self.collective}" if self.collective is not None else f"point={self.point}"
-        extra = f":seconds={self.seconds:g}" if self.action == "stall" else ""
+        # repr: the shortest text that reads back as the same float
+        extra = f":seconds={repr(float(self.seconds)).removesuffix('.0')}" if self.action == "stall" else ""
         return f"{self.action}:rank={self.rank}:{where}{extra}"
 
 
