@@ -75,6 +75,7 @@ def _ordered_batch_sampler(
     if not isinstance(sampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler):
         return batch_sampler, None, False
     lockstep = False
+    replacement: RandomSampler
     if use_seedable_sampler:
         seed = _agree(data_seed if data_seed is not None else torch.initial_seed(), num_processes)
         replacement = SeedableRandomSampler(
@@ -201,6 +202,7 @@ def prepare_data_loader(
         use_stateful_dataloader=use_stateful_dataloader,
         drop_last=dataloader.drop_last,
     )
+    prepared: Any
     if dispatch_batches:
         prepared = _dispatcher(dataloader, options)
     elif iterable:

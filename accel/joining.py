@@ -23,17 +23,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-
-
-def _join_classes() -> tuple[type, type, type]:
-    from torch.distributed.algorithms.join import Join, Joinable, JoinHook
-
-    return Join, Joinable, JoinHook
+from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 
 def _make_step_joinable(optimizers: Sequence[Any], hardware: Any) -> Any:
     """A `Joinable` whose shadow of one training step is a zero-gradient step of each optimizer."""
-    _, Joinable, JoinHook = _join_classes()
 
     class _ShadowStep(JoinHook):
         def main_hook(self) -> None:
@@ -73,7 +67,6 @@ def join_optimizer_steps(optimizers: Sequence[Any], hardware: Any) -> Iterator[N
             "join_uneven_inputs on this hardware joins at the optimizer step: prepare an optimizer with "
             "Accelerator.prepare() before entering it"
         )
-    Join, _, _ = _join_classes()
     joinable = _make_step_joinable(optimizers, hardware)
     first = optimizers[0]
 
@@ -102,7 +95,6 @@ def join_ddp_models(models: Sequence[Any], **join_kwargs: Any) -> Iterator[None]
     nothing, as Accelerate does where it cannot join: ranks with fewer batches may then
     hang the others at their next collective.
     """
-    Join, Joinable, _ = _join_classes()
     joinables = [m for m in models if isinstance(m, Joinable)]
     if not joinables:
         warnings.warn(
@@ -129,7 +121,7 @@ def override_even_batches(loaders: Sequence[Any], even_batches: bool | None) -> 
     samplers = []
     skipped = []
     for loader in loaders:
-        sampler = getattr(loader, "batch_sampler", None)
+        sampler: Any = getattr(loader, "batch_sampler", None)
         if hasattr(sampler, "even_batches"):
             samplers.append((sampler, sampler.even_batches))
         else:

@@ -134,7 +134,7 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         return 1 if self.split_batches else self.num_processes
 
     @property
-    def total_batch_size(self) -> int:
+    def total_batch_size(self) -> int | None:
         size = self._base_batch_size
         return size * self._global_factor() if size is not None else None
 
@@ -268,7 +268,7 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
             mine = send_to_device(mine, self.device, non_blocking=self.non_blocking)
         return mine, padding, last
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator of batches, not torch's iterator class
         start = self._start_epoch()
         position = self._position
         source = None

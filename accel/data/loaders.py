@@ -78,7 +78,7 @@ class DataLoaderShard(LoaderProgress, DataLoader):
             return self.dataset.padding if self.num_workers == 0 else self.dataset.expected_padding()
         return 0
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator of batches, not torch's iterator class
         start = self._start_epoch()
         position = self._position
         iterator = self._base_iterator(start)
@@ -130,12 +130,12 @@ class SkipDataLoader(DataLoaderStateMixin, DataLoader):
         self._in_pass = False
         self._resume: dict[str, Any] | None = None
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator of batches, not torch's iterator class
         stateful = self.use_stateful_dataloader
         resume, self._resume = self._resume, None
         self.begin()
         try:
-            iterator = super().__iter__()
+            iterator: Iterator[Any] = super().__iter__()
             if stateful and resume is not None:
                 self._handed_out = int(resume.get("_num_yielded", 0))  # the StatefulDataLoader resumes itself
             else:

@@ -156,6 +156,16 @@ class LoaderProgress(DataLoaderStateMixin):
     resumed pass continues from it instead of skipping batches.
     """
 
+    # What the DataLoader this is mixed into provides (for type checkers; no values here).
+    dataset: Any
+    sampler: Any
+    batch_sampler: Any
+    batch_size: int | None
+    num_workers: int
+    persistent_workers: bool
+    #: the StatefulDataLoader state after the last batch handed out (stateful loaders only)
+    dl_state_dict: dict[str, Any] | None
+
     def get_sampler(self) -> Any:
         """The sampler that orders the indices (see `get_sampler`)."""
         return get_sampler(self)
@@ -206,7 +216,7 @@ class LoaderProgress(DataLoaderStateMixin):
         self._epoch_state: dict[str, Any] = {}
         self._resume: dict[str, Any] | None = None
         self._skip_now = 0
-        self.dl_state_dict: dict[str, Any] | None = None
+        self.dl_state_dict = None
 
     @property
     def _batches_yielded(self) -> int:
@@ -258,13 +268,15 @@ class LoaderProgress(DataLoaderStateMixin):
     # -- sizes ---------------------------------------------------------------------------
 
     @property
-    def total_batch_size(self) -> int:
-        """Samples per step over all processes."""
+    def total_batch_size(self) -> int | None:
+        """Samples per step over all processes (None for batches of varying sizes)."""
         if isinstance(self.dataset, IterableDatasetShard):
             return self.dataset.global_batch_size
         base = self._base_batch_sampler()
         if isinstance(base, BatchSamplerShard):
-            return base.batch_size if base.split_batches else base.batch_size * base.num_processes
+            if base.batch_size is None or base.split_batches:
+                return base.batch_size
+            return base.batch_size * base.num_processes
         size = self.batch_size if self.batch_size is not None else getattr(base, "batch_size", None)
         return size * self._global_factor() if size is not None else None
 
@@ -372,7 +384,7 @@ class LoaderProgress(DataLoaderStateMixin):
 
     @property
     def _index_sampler(self) -> Any:
-        sampler = DataLoader._index_sampler.fget(self)
+        sampler = DataLoader._index_sampler.fget(self)  # type: ignore[attr-defined]  # a property in torch
         skip = self.__dict__.get("_skip_now", 0)
         return SkipBatchSampler(sampler, skip) if skip else sampler
 

@@ -224,22 +224,29 @@ class BatchSamplerShard(Sampler):
             last = self._last_batch_size()
             if total == 0 or last is None or last == self.batch_size:
                 return total
-            return total - 1 + (1 if last > r * (self.batch_size // n) else 0)
+            return total - 1 + (1 if last > r * (self._fixed_size() // n) else 0)
         if self.drop_last:
             return total // n
         if self.even_batches:
             return math.ceil(total / n)
         return len(range(r, total, n))
 
+    def _fixed_size(self) -> int:
+        """The batch size, on the paths that only run with one (split batches, plain `BatchSampler`s)."""
+        if self.batch_size is None:
+            raise RuntimeError("BatchSamplerShard: a fixed batch size is needed here, the batch sampler has none")
+        return int(self.batch_size)
+
     def _last_batch_size(self) -> int | None:
         """Size of the last batch of a standard `BatchSampler` over a sized sampler (None if unknown)."""
         if not isinstance(self.batch_sampler, BatchSampler):
             return None
         try:
-            count = len(self.batch_sampler.sampler)
+            count = len(self.batch_sampler.sampler)  # type: ignore[arg-type]  # unsized samplers raise TypeError
         except TypeError:
             return None
-        return count % self.batch_size or self.batch_size
+        size = self._fixed_size()
+        return count % size or size
 
     def __iter__(self) -> Iterator[list[Any]]:
         # A generator: nothing is drawn before the first batch is asked for, so an iterator
@@ -267,14 +274,14 @@ class BatchSamplerShard(Sampler):
         if hasattr(sampler, "epoch_indices"):
             return sampler.epoch_indices()
         try:
-            len(sampler)
+            len(sampler)  # type: ignore[arg-type]  # unsized samplers raise TypeError
         except TypeError:
             return None
         return list(sampler)
 
     def _iter_indices(self, indices: list[Any]) -> Iterator[list[Any]]:
         """This process's batches of a plain `BatchSampler` over `indices` (same result as the generic path)."""
-        n, r, size = self.num_processes, self.process_index, self.batch_size
+        n, r, size = self.num_processes, self.process_index, self._fixed_size()
         count = len(indices)
         full = count // size
         short = 0 if self.drop_last else count % size
@@ -333,7 +340,7 @@ class BatchSamplerShard(Sampler):
             yield batch
 
     def _iter_split(self) -> Iterator[list[Any]]:
-        batch_size = self.batch_size
+        batch_size = self._fixed_size()
         share = batch_size // self.num_processes
         lo, hi = self.process_index * share, (self.process_index + 1) * share
         uneven = not self.even_batches and not self.drop_last

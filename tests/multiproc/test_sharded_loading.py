@@ -176,7 +176,8 @@ def test_uneven_last_batches_with_even_batches_off(rank, world_size):
     from accel.utils.metrics import gather_for_metrics
 
     length = 2 * world_size * 3 + 4  # two full rounds of batch 3, then 4 samples
-    loader = prepare_data_loader(DataLoader(list(range(length)), batch_size=3), even_batches=False)
+    # on the device: the gathers below run on NCCL under simulated cuda, which refuses CPU tensors
+    loader = prepare_data_loader(DataLoader(list(range(length)), batch_size=3), even_batches=False, put_on_device=True)
     sizes = gather_object([[len(b) for b in loader]])
     expected_last = {0: [3], 1: [1]}
     assert sizes[0] == [3, 3] + expected_last[0] and sizes[1] == [3, 3] + expected_last[1]
