@@ -100,6 +100,21 @@ class RNGType(_StrEnum):
     GENERATOR = "generator"
 
 
+class LoggerType(_StrEnum):
+    """Experiment trackers that ``Accelerator(log_with=...)`` names (see `accel.tracking`)."""
+
+    ALL = "all"
+    AIM = "aim"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    TRACKIO = "trackio"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+
+
 class PrecisionType(_StrEnum):
     """Mixed-precision modes accepted by ``Accelerator(mixed_precision=...)``."""
 
