@@ -454,3 +454,30 @@ def test_checkpoint_file_names_are_accelerate_s():
 
     names = [n for n in dir(constants) if n.isupper()]
     assert len(names) == 13 and all(getattr(constants, n) == getattr(peer, n) for n in names)
+
+
+def test_load_reads_numpy_states_but_refuses_code(tmp_path):
+    import random
+
+    import numpy as np
+
+    from accel.utils import load
+
+    np.random.seed(3)
+    states = {"numpy": np.random.get_state(), "python": random.getstate(), "w": torch.ones(2)}
+    torch.save(states, tmp_path / "rng.pkl")
+    loaded = load(tmp_path / "rng.pkl")
+    assert np.array_equal(loaded["numpy"][1], states["numpy"][1]) and torch.equal(loaded["w"], torch.ones(2))
+
+    torch.save({"f": PartialState}, tmp_path / "code.pkl")  # a class reference: not weights
+    with pytest.raises(Exception, match="[Ww]eights only load failed|Unsupported global"):
+        load(tmp_path / "code.pkl")
+    assert load(tmp_path / "code.pkl", weights_only=False)["f"] is PartialState
+
+
+def test_accel_version(capsys):
+    from accel.commands import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"accel {accel.__version__}"

@@ -132,6 +132,7 @@ _EXPORTS = {
         "SAFE_WEIGHTS_INDEX_NAME",
     ],
     "accel.utils.save": ["save"],
+    "accel.utils.loading": ["load"],
     "accel.utils.tqdm": ["tqdm"],
     "accel.utils.imports": IS_AVAILABLE,
     "accel.utils.metrics": ["gather_for_metrics"],
@@ -236,6 +237,9 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
     )
     from accel.utils.save import (
         save as save,
+    )
+    from accel.utils.loading import (
+        load as load,
     )
     from accel.utils.tqdm import (
         tqdm as tqdm,
