@@ -98,3 +98,29 @@ def test_notebook_launcher_on_a_tpu_host_uses_xmp_spawn(rank, world_size):
 
     notebook_launcher(training, args=(5,), mixed_precision="bf16")
     assert ran == [(5, world_size, "bf16")]
+
+
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_logger_speaks_once_per_run_with_the_rank(rank, world_size):
+    import logging
+
+    from accel.logging import get_logger
+    from accel.state import PartialState
+
+    PartialState()
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = get_logger(f"accel.test.ranks{world_size}", log_level="INFO")
+    logger.logger.addHandler(handler)
+    try:
+        logger.info("main only")
+        logger.info("everyone", main_process_only=False)
+        for _ in range(3):
+            logger.warning_once("once")
+    finally:
+        logger.logger.removeHandler(handler)
+    expected = [f"[RANK {rank}] everyone"]
+    if rank == 0:
+        expected = ["[RANK 0] main only", *expected, "[RANK 0] once"]
+    assert [r.getMessage() for r in records] == expected
