@@ -72,18 +72,19 @@ def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else ROUNDS
     results = launch(rank_main, args=(rounds, SAMPLES, BATCH), world_size=2, device="cpu", timeout=600)
     print(
-        f"2 Gloo ranks, TensorDataset of {SAMPLES} x (8 floats, 1 int), batch {BATCH}, shuffled; median of {rounds} rounds"
+        f"2 Gloo ranks, TensorDataset of {SAMPLES} x (8 floats, 1 int), batch {BATCH}, shuffled; "
+        f"median of {rounds} rounds"
     )
     for clock in ("cpu", "wall"):
         for rank, result in enumerate(results):
             r = result[clock]
             print(
-                f"{clock:>4} time, rank {rank}: prepared {r['ours'] * 1e6:7.1f} us/batch   DataLoader+DistributedSampler "
+                f"{clock:>4} time, rank {rank}: prepared {r['ours'] * 1e6:7.1f} us/batch   "
+                "DataLoader+DistributedSampler "
                 f"{r['theirs'] * 1e6:7.1f} us/batch   ratio {r['ratio']:.3f}"
             )
-        print(
-            f"{clock:>4} time: median ratio prepared / plain: {statistics.median(r[clock]['ratio'] for r in results):.3f}"
-        )
+        median = statistics.median(r[clock]["ratio"] for r in results)
+        print(f"{clock:>4} time: median ratio prepared / plain: {median:.3f}")
 
 
 if __name__ == "__main__":

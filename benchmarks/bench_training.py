@@ -109,7 +109,8 @@ def main() -> None:
     raw_ms = statistics.median(raw for raw, _ in results) / args.steps * 1e3
     acc_ms = statistics.median(acc for _, acc in results) / args.steps * 1e3
     print(
-        f"training step, MLP {FEATURES}-{HIDDEN}-{HIDDEN}-1, batch {BATCH}/rank, 2 ranks (Gloo), {args.rounds} rounds x {args.steps} steps"
+        f"training step, MLP {FEATURES}-{HIDDEN}-{HIDDEN}-1, batch {BATCH}/rank, 2 ranks (Gloo), "
+        f"{args.rounds} rounds x {args.steps} steps"
     )
     print(f"  hand-written DDP : {raw_ms:.3f} ms/step (median)")
     print(f"  accel            : {acc_ms:.3f} ms/step (median)")

@@ -179,7 +179,7 @@ def test_xla_model_collectives(probed):
     for n in range(2, world + 1):
         factorial *= n
     bits_and = 3 & min((1 << (r + 2)) | 3 for r in range(world))
-    for rank, s in enumerate(seen):
+    for s in seen:
         assert s["gather0"] == [[r, r + 0.5] for r in range(world)]
         assert s["gather1"] == [[v for r in range(world) for v in (r, r + 0.5)]]
         assert s["gather_out"]

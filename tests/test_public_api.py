@@ -18,7 +18,7 @@ def test_every_exported_name_resolves(module):
 
 def test_unknown_name_is_a_clear_attribute_error():
     with pytest.raises(AttributeError, match="NoSuchThing"):
-        accel.NoSuchThing
+        _ = accel.NoSuchThing
 
 
 def test_import_does_not_pull_heavy_modules():

@@ -55,7 +55,7 @@ class CleanSlate:
             sys.path[:] = sys_path
         if cwd is not None and os.getcwd() != cwd:
             os.chdir(cwd)
-        warnings.filters[:] = self.warning_filters
+        warnings.filters[:] = self.warning_filters  # type: ignore[index]  # a list at runtime; typeshed says Sequence
         # Bumps the filters' version so per-module "already warned" caches are dropped.
         getattr(warnings, "_filters_mutated", lambda: None)()
         self.logging.restore()

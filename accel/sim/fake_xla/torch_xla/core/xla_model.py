@@ -223,7 +223,8 @@ def _to_cpu(data: Any) -> Any:
 
 
 def save(data: Any, file_or_path: Any, master_only: bool = True, global_master: bool = False) -> None:
-    """`torch.save` of `data` moved to the CPU, by the master replica only (unless `master_only=False`), then a rendezvous."""
+    """`torch.save` of `data` moved to the CPU, by the master replica only (unless `master_only=False`),
+    then a rendezvous."""
     if not master_only or is_master_ordinal(local=not global_master):
         torch.save(_to_cpu(data), file_or_path)
     rendezvous("torch_xla.core.xla_model.save")

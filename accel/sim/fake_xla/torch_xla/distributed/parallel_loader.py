@@ -47,6 +47,7 @@ class PerDeviceLoader:
         if self._batches:
             # Like the real loader: the step of the previous batch is cut when the next is asked for.
             xm.mark_step()
+        assert self._iterator is not None  # set by iter(self) above
         batch = next(self._iterator)
         self._batches += 1
         return _to_device(batch, self._device)

@@ -19,13 +19,14 @@ import torch.distributed as dist
 # The module, not the function `torch.distributed.rendezvous` that shadows its name.
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
-import torch_xla.runtime as xr
+import torch_xla.runtime as xr  # noqa: E402  (after the rendezvous module is bound, as documented above)
 
 BACKEND_NAME = "xla"
 
 
 def _create_xla_process_group(store: Any, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+    group: dist.ProcessGroup = dist.ProcessGroupGloo(store, rank, size, timeout)  # type: ignore[assignment]  # a Backend, which torch accepts here
+    return group
 
 
 def _xla_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Iterator[Any]:
