@@ -45,22 +45,17 @@ class SeedableRandomSampler(RandomSampler):
     each complete pass, or is set explicitly with `set_epoch` (the prepared loader
     forwards its own `set_epoch` here).
 
-    Args:
+    Args (`RandomSampler`'s, positional or by keyword, then `data_seed` by keyword):
         data_source: the dataset whose indices are drawn.
         replacement / num_samples: as for `RandomSampler`.
         generator: accepted for compatibility; the order never depends on its state.
         data_seed: the seed; defaults to `torch.initial_seed()` (set it with `set_seed`).
     """
 
-    def __init__(
-        self,
-        data_source: Any,
-        replacement: bool = False,
-        num_samples: int | None = None,
-        generator: torch.Generator | None = None,
-        data_seed: int | None = None,
-    ) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Accelerate's signature: RandomSampler's arguments, plus `data_seed` by keyword.
+        data_seed = kwargs.pop("data_seed", None)
+        super().__init__(*args, **kwargs)
         self.initial_seed = int(data_seed) if data_seed is not None else torch.initial_seed()
         self.epoch = 0
 

@@ -364,8 +364,8 @@ class DataLoaderConfiguration:
     dispatch_batches: bool | None = None
     even_batches: bool = True
     use_seedable_sampler: bool = False
-    non_blocking: bool = False
     data_seed: int | None = None
+    non_blocking: bool = False
     #: load through torchdata's StatefulDataLoader (its state saved by save_state)
     use_stateful_dataloader: bool = False
 
