@@ -13,7 +13,8 @@ share the machine's load alike), on warm pools of 4 simulated CPU ranks:
 Measured: the time per collective inside the ranks (a loop of small all_reduces, the
 slowest rank's time), the wall time of one warm launch of a collective-heavy task, and
 the time until a mismatched collective (all_reduce on rank 0, broadcast elsewhere)
-fails the launch.
+fails the launch, and the time until a deadlock (rank 0 in an all_reduce the others,
+which returned, never join) fails it.
 
     python benchmarks/bench_collective_check.py [--collectives 200] [--rounds 3]
 """
@@ -53,6 +54,15 @@ def mismatched() -> None:
         dist.broadcast(value, src=0)
 
 
+def lonely() -> None:
+    """Rank 0 reduces alone: the others return at once (a deadlock)."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(16))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--collectives", type=int, default=200, help="all_reduces per task")
@@ -81,6 +91,7 @@ def main() -> None:
     per_collective: dict[str, list[float]] = {name: [] for name in configs}
     per_launch: dict[str, list[float]] = {name: [] for name in configs}
     to_failure: dict[str, list[float]] = {name: [] for name in configs}
+    to_deadlock: list[float] = []
     for _ in range(args.rounds):
         for name in configs:
             started = time.perf_counter()
@@ -98,6 +109,14 @@ def main() -> None:
             else:
                 print(f"[{name}] a mismatched collective was not reported")
             run(name, reduce_loop, (1,))  # the failed launch threw its pool away: start the next one now
+        started = time.perf_counter()
+        try:
+            run("on", lonely, timeout=60)
+        except DistributedFailure as failure:
+            to_deadlock.append(time.perf_counter() - started)
+            if _ == 0:
+                print(f"[on] deadlock reported as: {failure.summary[:160]}")
+        run("on", reduce_loop, (1,))
 
     median = {name: statistics.median(values) for name, values in per_collective.items()}
     launches = {name: statistics.median(values) for name, values in per_launch.items()}
@@ -110,6 +129,8 @@ def main() -> None:
     for name in ("on", "torch"):
         if to_failure[name]:
             print(f"mismatch fails the launch after {statistics.median(to_failure[name]):.2f} s ({name})")
+    if to_deadlock:
+        print(f"deadlock fails the launch after {statistics.median(to_deadlock):.2f} s (timeout 60 s)")
     plain.close()
     detail.close()
 

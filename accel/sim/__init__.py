@@ -13,7 +13,8 @@ fork server), `failures` (what went wrong where), `stacks`, `serialize`,
 Diagnoses: collectives are checked across ranks (`collectives`: a mismatch raises
 `CollectiveMismatch` naming each rank's call), ranks left waiting in a collective their
 peers will never join fail at once (`deadlock`: `DistributedDeadlock`), a dead rank's
-last stderr lines are in the report. Faults can be injected (`faults`: `Fault`,
+last stderr lines are in the report (`guard`: the hint for a script without a
+`__main__` guard). Faults can be injected (`faults`: `Fault`,
 `parse_fault`, and `fault_point(name)`, a no-op outside the simulator). The messages
 between the pool and its ranks are typed (`messages`).
 
