@@ -25,6 +25,7 @@ from torch.utils.hooks import RemovableHandle
 from accel.optimizer import AcceleratedOptimizer
 from accel.scheduler import AcceleratedScheduler
 from accel.state import AcceleratorState, GradientState
+from accel.tracking import GeneralTracker
 from accel.utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -72,7 +73,9 @@ class Accelerator:
         dataloader_config: how data loaders are sharded (`DataLoaderConfiguration`).
         rng_types: RNGs to synchronise at the start of each epoch of prepared data
             loaders (default `["generator"]`).
-        log_with: experiment trackers; accel has none, so only None (or []) is accepted.
+        log_with: experiment trackers: "tensorboard", "all", `LoggerType` members, tracker
+            names registered with `accel.tracking.register_tracker_class`, or
+            `GeneralTracker` instances (see `init_trackers`).
         project_dir / project_config: where checkpoints go and how they are named.
         gradient_accumulation_plugin: full control of accumulation (`GradientAccumulationPlugin`).
         step_scheduler_with_optimizer: prepared schedulers follow the optimizer's real steps.
@@ -101,11 +104,6 @@ class Accelerator:
         even_batches: bool = _UNSET,
         use_seedable_sampler: bool = _UNSET,
     ) -> None:
-        if log_with not in (None, [], ()):
-            raise ValueError(
-                f"log_with={log_with!r}: accel has no experiment trackers; pass log_with=None and log with your "
-                "tracker's own API on the main process (`if accelerator.is_main_process: ...`)"
-            )
         self._set_handlers(kwargs_handlers)
         self.dataloader_config = _merge_dataloader_config(
             dataloader_config,
@@ -117,6 +115,10 @@ class Accelerator:
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(os.fspath(project_dir))
+        from accel.tracking import filter_trackers
+
+        self.log_with = filter_trackers(log_with, self.logging_dir)
+        self.trackers: list[GeneralTracker] = []
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True, **init_kwargs)
@@ -943,12 +945,56 @@ class Accelerator:
         self._forget_prepared()
         return release_memory(*objects)
 
+    # -- experiment trackers ----------------------------------------------------------------------
+
+    def init_trackers(
+        self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None
+    ) -> None:
+        """Start a run named `project_name` in every tracker of `log_with` (on the main process).
+
+        `config` is recorded as the run's hyperparameters; `init_kwargs` maps a tracker's
+        name to keyword arguments for its constructor (`{"tensorboard": {"flush_secs": 30}}`).
+        """
+        if not self.is_main_process:
+            return
+        from accel.tracking import start_trackers
+
+        self.trackers.extend(start_trackers(self.log_with, project_name, self.logging_dir, config, init_kwargs or {}))
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker called `name` (its underlying run object with `unwrap=True`).
+
+        On processes that track nothing (all but the main one) it is a tracker that does
+        nothing, so that calls on it need no `if is_main_process`.
+        """
+        if not self.trackers:
+            return GeneralTracker(_blank=True)
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        raise ValueError(
+            f"no tracker named {name!r} was started; started: {[t.name for t in self.trackers]} "
+            "(Accelerator(log_with=...) then init_trackers())"
+        )
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
+        """Record `values` at `step` in every started tracker (on the main process).
+
+        `log_kwargs` maps a tracker's name to extra arguments of its `log`.
+        """
+        if not self.is_main_process:
+            return
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
     def end_training(self) -> None:
-        """Wait for every process, then tear down the process group accel created.
+        """Finish every tracker, wait for every process, then tear down the process group accel created.
 
         A process group adopted from the user (or a launcher that made it) is left to its
         owner.
         """
+        for tracker in self.trackers:
+            tracker.finish()
         self.wait_for_everyone()
         if not getattr(self.state, "adopted_process_group", False):
             self.state.destroy_process_group()

@@ -555,8 +555,8 @@ def test_constructor_arguments_are_checked():
         Accelerator(kwargs_handlers=[AutocastKwargs(), AutocastKwargs()])
     with pytest.raises(ValueError, match="kwargs_handlers got"):
         Accelerator(kwargs_handlers=[GradientAccumulationPlugin()])
-    with pytest.raises(ValueError, match="no experiment trackers"):
-        Accelerator(log_with="tensorboard")
+    with pytest.raises(ValueError, match="log_with='tensorboard' writes files"):
+        Accelerator(log_with="tensorboard")  # no project_dir (trackers: tests/test_tracking.py)
     with pytest.raises(ValueError, match="conflicts with dataloader_config.split_batches"):
         Accelerator(split_batches=False, dataloader_config=DataLoaderConfiguration(split_batches=True))
     acc = Accelerator(split_batches=True, even_batches=False, rng_types=["torch"], project_dir="proj")
