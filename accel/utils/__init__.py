@@ -139,6 +139,7 @@ _EXPORTS = {
     "accel.utils.dataclasses": [
         "DistributedType",
         "RNGType",
+        "LoggerType",
         "PrecisionType",
         "KwargsHandler",
         "AutocastKwargs",
@@ -307,6 +308,7 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
     from accel.utils.dataclasses import (
         DistributedType as DistributedType,
         RNGType as RNGType,
+        LoggerType as LoggerType,
         PrecisionType as PrecisionType,
         KwargsHandler as KwargsHandler,
         AutocastKwargs as AutocastKwargs,
