@@ -232,11 +232,20 @@ def on_generator_of(index: int) -> Iterator[None]:
         cpu.set_state(saved)
 
 
+def _draw(index: int, func: Any, args: Any, kwargs: dict) -> Any:
+    """Run random op `func`: on simulated GPU `index`'s generator, or on the one given if a GPU takes it."""
+    given = kwargs.get("generator")
+    if given is None:
+        with on_generator_of(index):
+            return func(*args, **kwargs)
+    # A GPU kernel takes only a CUDA generator, which a simulated GPU cannot have (see the README).
+    raise RuntimeError(f"Expected a 'cuda' device type for generator but found '{given.device.type}'")
+
+
 def run_on(device: torch.device, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run `func` on CPU tensors for simulated GPU `device`, on that GPU's generator if it draws."""
-    if _facts(func)[0] and kwargs.get("generator") is None:
-        with on_generator_of(device.index or 0):
-            return func(*args, **kwargs)
+    if _facts(func)[0]:
+        return _draw(device.index or 0, func, args, kwargs)
     return func(*args, **kwargs)
 
 
@@ -313,9 +322,8 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         inner_kwargs = {k: _inner_of(v) for k, v in kwargs.items()} if kwargs else kwargs
     if device is None or device.type != "cuda":
         return func(*inner_args, **inner_kwargs)  # a CPU result was asked for
-    if seeded and inner_kwargs.get("generator") is None:
-        with on_generator_of(device.index or 0):
-            out = func(*inner_args, **inner_kwargs)
+    if seeded:
+        out = _draw(device.index or 0, func, inner_args, inner_kwargs)
     else:
         out = func(*inner_args, **inner_kwargs)
     if reshapes:

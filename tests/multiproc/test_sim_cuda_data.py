@@ -102,3 +102,14 @@ def test_each_simulated_gpu_has_its_own_generator(rank, world_size):
     torch.manual_seed(11)  # torch seeds every GPU's generator too, as on a GPU host
     assert all(torch.equal(s, torch.cuda.get_rng_state(0)) for s in torch.cuda.get_rng_state_all())
     assert torch.cuda.initial_seed() == 11
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_a_cpu_generator_is_refused_by_gpu_random_ops():
+    generator = torch.Generator().manual_seed(0)
+    message = "^Expected a 'cuda' device type for generator but found 'cpu'$"
+    with pytest.raises(RuntimeError, match=message):
+        torch.randn(3, device="cuda", generator=generator)
+    with pytest.raises(RuntimeError, match=message):
+        torch.empty(3, device="cuda").normal_(generator=generator)
+    assert torch.randn(3, generator=generator).device.type == "cpu"  # CPU tensors still take it
