@@ -322,10 +322,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         inner_kwargs = {k: _inner_of(v) for k, v in kwargs.items()} if kwargs else kwargs
     if device is None or device.type != "cuda":
         return func(*inner_args, **inner_kwargs)  # a CPU result was asked for
-    if seeded:
-        out = _draw(device.index or 0, func, inner_args, inner_kwargs)
-    else:
-        out = func(*inner_args, **inner_kwargs)
+    out = _draw(device.index or 0, func, inner_args, inner_kwargs) if seeded else func(*inner_args, **inner_kwargs)
     if reshapes:
         for wrapper in seen.values():
             _follow_inner(wrapper)
