@@ -124,3 +124,17 @@ def test_logger_speaks_once_per_run_with_the_rank(rank, world_size):
     if rank == 0:
         expected = ["[RANK 0] main only", *expected, "[RANK 0] once"]
     assert [r.getMessage() for r in records] == expected
+
+
+@distributed_test(world_size=SIZES, device=["cpu"])
+def test_pad_across_processes_leaves_nested_tensors_with_a_warning(rank, world_size):
+    import pytest
+
+    from accel.utils import CannotPadNestedTensorWarning, pad_across_processes
+
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3 + rank)])
+    plain = torch.ones(1 + rank)
+    with pytest.warns(CannotPadNestedTensorWarning, match="nested"):
+        out = pad_across_processes({"n": nested, "p": plain})
+    assert out["n"] is nested
+    assert out["p"].shape == (world_size,) and out["p"][: 1 + rank].eq(1).all() and out["p"][1 + rank :].eq(0).all()
