@@ -704,7 +704,7 @@ class Accelerator:
 
         `safe_serialization=True` writes a safetensors file (a flat dict of tensors).
         """
-        from accel.utils.save import save
+        from accel.utils.saving import save
 
         save(
             obj,
@@ -727,7 +727,7 @@ class Accelerator:
         `model-00001-of-0000N.safetensors` and an index `model.safetensors.index.json`.
         Tied weights are written once. The main process writes; every process may call it.
         """
-        from accel.utils.save import write_model_weights
+        from accel.utils.saving import write_model_weights
 
         if os.path.isfile(save_directory):
             raise ValueError(f"save_model needs a directory, but {os.fspath(save_directory)!r} is a file")

@@ -129,6 +129,8 @@ def tensor_cuda(
 
 def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
     """No page-locking on a simulated GPU: pinned or not, the data and every result are the same."""
+    if type(self) is SimCudaTensor:
+        raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
     return self
 
 

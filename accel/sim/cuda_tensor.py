@@ -120,6 +120,17 @@ class SimCudaTensor(torch.Tensor):
             new.grad = copy.deepcopy(self.grad, memo)
         return new
 
+    def type(self, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        """`Tensor.type`: 'torch.cuda.FloatTensor' and friends, as on a GPU."""
+        if dtype is None:
+            return self._inner.type().replace("torch.", "torch.cuda.", 1)
+        if isinstance(dtype, torch.dtype):
+            return self.to(dtype, non_blocking=non_blocking)
+        name = dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}"
+        legacy = getattr(torch, name.rsplit(".", 1)[-1])  # torch.FloatTensor, ...: knows its dtype
+        device = self._cuda if ".cuda." in name else torch.device("cpu")
+        return self.to(device=device, dtype=legacy.dtype, non_blocking=non_blocking)
+
     def untyped_storage(self) -> torch.UntypedStorage:
         # The inner tensor's storage: what shares memory with what (tied weights, views)
         # can be told as on a GPU; it reports the host as its device.

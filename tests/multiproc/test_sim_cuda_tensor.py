@@ -52,6 +52,10 @@ def test_values_come_back_to_the_host(rank):
     assert x.to("cpu").numpy().tolist() == host.tolist()
     same = x.to("cuda")
     assert same is x and x.cuda() is x and x.to(torch.float32) is x
+    assert x.type() == "torch.cuda.FloatTensor" and x.type(torch.cuda.HalfTensor).dtype == torch.float16
+    assert x.type("torch.DoubleTensor").device.type == "cpu"
+    with pytest.raises(RuntimeError, match=re.escape("cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors")):
+        x.pin_memory()
 
 
 @distributed_test(world_size=SIZES, device="cuda")
