@@ -24,6 +24,7 @@ from accel.data_loader import (
 from accel.state import GradientState
 
 pytest.importorskip("torchdata")
+pytestmark = pytest.mark.filterwarnings("ignore:.set_vital. is deprecated:UserWarning")  # torchdata 0.11 on torch 2.13
 
 
 class Numbers(IterableDataset):
@@ -218,3 +219,47 @@ def test_skip_data_loader_state_resumes_the_pass(stateful):
     resumed.load_state_dict(state)
     assert _values(resumed) == rest
     assert _values(resumed) == [[2, 3], [4, 5]] + rest  # the next pass is whole again
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """Sequential indices; records every set_epoch."""
+
+    def __init__(self, size):
+        self.size, self.epochs = size, []
+
+    def set_epoch(self, epoch):
+        self.epochs.append(epoch)
+
+    def __iter__(self):
+        return iter(range(self.size))
+
+    def __len__(self):
+        return self.size
+
+
+class EpochNumbers(Numbers):
+    def __init__(self, length):
+        super().__init__(length)
+        self.epochs = []
+
+    def set_epoch(self, epoch):
+        self.epochs.append(epoch)
+
+
+@pytest.mark.parametrize("iterable", [False, True])
+def test_every_pass_sets_the_epoch_as_accelerate_does(iterable):
+    from accelerate.data_loader import prepare_data_loader as peer_prepare
+
+    epochs = []
+    for prepare in (prepare_data_loader, peer_prepare):
+        if iterable:
+            holder = EpochNumbers(8)
+            source = DataLoader(holder, batch_size=2)
+        else:
+            holder = EpochSampler(8)
+            source = DataLoader(list(range(8)), batch_size=2, sampler=holder)
+        loader = prepare(source, num_processes=2, process_index=0, dispatch_batches=False)
+        for _ in range(3):
+            list(loader)
+        epochs.append(holder.epochs)
+    assert epochs[0] == epochs[1] == [0, 1, 2]

@@ -304,6 +304,9 @@ class LoaderProgress(DataLoaderStateMixin):
             from accel.utils.random import synchronize_rng_states
 
             synchronize_rng_states(types, generator=self.synchronized_generator)
+        # As Accelerate: every pass tells the samplers and dataset its epoch (DistributedSampler-style
+        # samplers and datasets that reshuffle per epoch need no set_epoch call in the training loop).
+        self.set_epoch(self.iteration)
         resume, self._resume = self._resume, None
         generator, sampler = self._order_generator(), self._order_sampler()
         position = 0
