@@ -20,7 +20,7 @@ Model weights are the user's model's state dict, without the prefixes that wrapp
 weights saved through a wrapper (a model the user wrapped in DDP before preparing it).
 Models, optimizers and schedulers are identical on every rank in data-parallel training,
 so the main process writes them once (once per machine with `save_on_each_node`).
-Every file is written atomically (see `accel.utils.save`), tensors on the CPU.
+Every file is written atomically (see `accel.utils.saving`), tensors on the CPU.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accel.utils.save import atomic_save, save
+from accel.utils.saving import atomic_save, save
 
 SAFE_MODEL_NAME = "model"
 MODEL_NAME = "pytorch_model"
@@ -220,7 +220,7 @@ def save_checkpoint(
 ) -> None:
     """Write this rank's part of a checkpoint into `output_dir` (which must exist).
 
-    What every rank shares goes through `accel.utils.save.save`, which writes it on the
+    What every rank shares goes through `accel.utils.saving.save`, which writes it on the
     main process only (or once per machine with `save_on_each_node`).
     """
 

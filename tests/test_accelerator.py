@@ -25,7 +25,7 @@ from accel.utils.dataclasses import (
     ProjectConfiguration,
 )
 from accel.utils.modeling import extract_model_from_parallel
-from accel.utils.save import atomic_save
+from accel.utils.saving import atomic_save
 
 
 def make_model(seed=0):

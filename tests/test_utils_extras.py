@@ -481,3 +481,14 @@ def test_accel_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--version"])
     assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"accel {accel.__version__}"
+
+
+def test_exported_functions_are_not_shadowed_by_submodules():
+    """A submodule named like an exported function would replace it once imported (`import accel.utils.x`)."""
+    import importlib
+    import pkgutil
+
+    submodules = {info.name for info in pkgutil.iter_modules(accel.utils.__path__)}
+    for name in submodules:
+        importlib.import_module(f"accel.utils.{name}")
+    assert submodules & set(accel.utils.__all__) == set()

@@ -131,9 +131,9 @@ _EXPORTS = {
         "SAFE_WEIGHTS_PATTERN_NAME",
         "SAFE_WEIGHTS_INDEX_NAME",
     ],
-    "accel.utils.save": ["save"],
+    "accel.utils.saving": ["save"],
     "accel.utils.loading": ["load"],
-    "accel.utils.tqdm": ["tqdm"],
+    "accel.utils.progress": ["tqdm"],
     "accel.utils.imports": IS_AVAILABLE,
     "accel.utils.metrics": ["gather_for_metrics"],
     "accel.utils.dataclasses": [
@@ -236,13 +236,13 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
         SAFE_WEIGHTS_PATTERN_NAME as SAFE_WEIGHTS_PATTERN_NAME,
         SAFE_WEIGHTS_INDEX_NAME as SAFE_WEIGHTS_INDEX_NAME,
     )
-    from accel.utils.save import (
+    from accel.utils.saving import (
         save as save,
     )
     from accel.utils.loading import (
         load as load,
     )
-    from accel.utils.tqdm import (
+    from accel.utils.progress import (
         tqdm as tqdm,
     )
     from accel.utils.imports import (

@@ -1,4 +1,4 @@
-"""Saving: atomic writes (a crash mid-save never leaves a truncated file where a good one was), and `save`.
+"""Saving: atomic writes (a crash mid-save never leaves a truncated file where a good one was), `save`, model weights.
 
 The object is written to a temporary file in the destination's directory (same
 filesystem), flushed to disk, then moved over the destination with `os.replace`, which
