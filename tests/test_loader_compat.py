@@ -114,7 +114,7 @@ def test_prepared_loaders_are_data_loader_state_mixins():
     for loader in (shard, dispatcher, SkipDataLoader(Numbers(4), skip_batches=1, batch_size=2)):
         assert isinstance(loader, DataLoaderStateMixin) and isinstance(loader, DataLoader)
         assert loader.end_of_dataloader is False and loader.remainder == -1
-        assert loader.base_dataloader is loader
+        assert loader.base_dataloader is loader and isinstance(loader.gradient_state, GradientState)
         loader.begin()
         assert GradientState().active_dataloader is loader
         loader.end_of_dataloader, loader.remainder = True, 1

@@ -131,6 +131,11 @@ class DataLoaderStateMixin:
         GradientState()._remove_dataloader(self)
 
     @property
+    def gradient_state(self) -> GradientState:
+        """The shared `GradientState` this loader reports to."""
+        return GradientState()
+
+    @property
     def base_dataloader(self) -> Any:
         """The torch loader that loads the batches: accel's loaders are `DataLoader` subclasses, so itself."""
         return self
