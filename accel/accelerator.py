@@ -85,6 +85,14 @@ class Accelerator:
             of `dataloader_config`.
     """
 
+    # set from kwargs_handlers by _set_handlers (None: that handler's defaults)
+    autocast_handler: AutocastKwargs | None
+    ddp_handler: DistributedDataParallelKwargs | None
+    scaler_handler: GradScalerKwargs | None
+    init_handler: InitProcessGroupKwargs | None
+    profile_handler: ProfileKwargs | None
+    fp8_recipe_handler: FP8RecipeKwargs | None
+
     def __init__(
         self,
         device_placement: bool = True,
@@ -146,15 +154,15 @@ class Accelerator:
         for attr in _HANDLER_ATTRS.values():
             setattr(self, attr, None)
         for handler in kwargs_handlers or []:
-            attr = next((name for cls, name in _HANDLER_ATTRS.items() if isinstance(handler, cls)), None)
-            if attr is None:
+            found = next((name for cls, name in _HANDLER_ATTRS.items() if isinstance(handler, cls)), None)
+            if found is None:
                 raise ValueError(
                     f"kwargs_handlers got {handler!r}; the handlers Accelerator uses are "
                     f"{sorted(cls.__name__ for cls in _HANDLER_ATTRS)}"
                 )
-            if getattr(self, attr) is not None:
+            if getattr(self, found) is not None:
                 raise ValueError(f"kwargs_handlers got more than one {type(handler).__name__}; pass one")
-            setattr(self, attr, handler)
+            setattr(self, found, handler)
 
     def _setup_mixed_precision(self) -> None:
         precision = self.state.mixed_precision
@@ -425,8 +433,9 @@ class Accelerator:
             return model
         if device_placement is None:
             device_placement = self.device_placement
-        compiled = model if is_compiled_module(model) else None
-        inner = compiled._orig_mod if compiled is not None else model
+        # torch.compile's wrapper: typed Any, its module attribute is not in torch's stubs
+        compiled: Any = model if is_compiled_module(model) else None
+        inner: torch.nn.Module = compiled._orig_mod if compiled is not None else model
         if device_placement:
             inner.to(self.device)
         if self._autocast_dtype is not None:
@@ -589,6 +598,7 @@ class Accelerator:
             yield
 
     def _autocast_context(self) -> contextlib.AbstractContextManager:
+        assert self._autocast_dtype is not None  # only installed when a mixed precision is chosen
         return self._hardware.autocast(self._autocast_dtype, enabled=self._autocast_enabled, **self._autocast_kwargs)
 
     @contextlib.contextmanager

@@ -83,13 +83,15 @@ class GeneralTracker:
     name: str
     #: whether the tracker is created with the logging directory (subclasses set it)
     requires_logging_directory: bool
+    #: the underlying run object (subclasses define it, usually as a property)
+    tracker: Any
 
     def __init__(self, _blank: bool = False) -> None:
         if _blank:  # the stand-in get_tracker returns on processes that track nothing
             return
-        missing = [
-            f"`{attr}`" for attr in ("name", "requires_logging_directory", "tracker") if not hasattr(type(self), attr)
-        ]
+        # dir(), not getattr: a `tracker` property may need what the subclass sets after this runs
+        present = dir(self)
+        missing = [f"`{attr}`" for attr in ("name", "requires_logging_directory", "tracker") if attr not in present]
         if missing:
             raise NotImplementedError(
                 f"{type(self).__name__} must define {', '.join(missing)} in its class body "
