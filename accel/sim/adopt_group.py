@@ -30,6 +30,7 @@ import functools
 import os
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
@@ -98,12 +99,12 @@ def _normalise(backend: Any) -> str:
     return text
 
 
-#: backends the simulator uses under its own names, and the request each answers exactly
 def _equivalents() -> dict[str, str]:
-    try:
-        from accel.sim import cuda_group
-    except ImportError:  # the simulated GPU's permissive group is not part of this build
+    """Backends the simulator uses under names of its own -> the request each answers exactly."""
+    if _device != "cuda":
         return {}
+    from accel.sim import cuda_group
+
     return {cuda_group.BACKEND_NAME: "cpu:gloo,cuda:nccl"}
 
 
@@ -147,9 +148,18 @@ def init_process_group(
         have = _labels.get(world, "")
         if wanted in (have, _equivalents().get(have)):
             _simulator["claimed"] = True  # from now on it is the script's group
+            _bind_eagerly(device_id)
             return
         dist.destroy_process_group()
     create(wanted, timeout, pg_options)
+    _bind_eagerly(device_id)
+
+
+def _bind_eagerly(device_id: Any) -> None:
+    # `device_id` makes NCCL set up its communicator at once, on that GPU (torch >= 2.3).
+    bind = getattr(dist.GroupMember.WORLD, "bind", None)
+    if device_id is not None and bind is not None:
+        bind(torch.device(device_id).index or 0)
 
 
 def create(label: str, timeout: datetime.timedelta | None = None, pg_options: Any = None) -> None:
@@ -158,10 +168,7 @@ def create(label: str, timeout: datetime.timedelta | None = None, pg_options: An
     if _device == "cuda":
         from accel.sim import nccl_group
 
-        if label == "cpu:gloo,cuda:nccl" and _equivalents():
-            backend = next(iter(_equivalents()))  # the simulated GPU's group that serves both
-        else:
-            backend = nccl_group.to_torch(label)
+        backend = nccl_group.to_torch(label)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     options: dict[str, Any] = {}
     if timeout is not None:
@@ -198,6 +205,9 @@ def restore() -> None:
     _simulator["claimed"] = False
     world = dist.GroupMember.WORLD if dist.is_initialized() else None
     if world is _simulator["group"]:
+        unbind = getattr(world, "unbind", None)  # the simulated NCCL group: a fresh communicator
+        if unbind is not None:
+            unbind()
         return
     if world is not None:
         dist.destroy_process_group()

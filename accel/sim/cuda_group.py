@@ -54,6 +54,22 @@ class SimCudaGroup(_ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802  (torch's name)
         return BACKEND_NAME
 
+    # A Python group has no C++ backend to keep its name in (torch's getter would raise
+    # "ProcessGroup name not set", e.g. for a subgroup): it keeps them itself.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         return _finished(self._gloo.allreduce(_cpu(tensors), opts or dist.AllreduceOptions()), tensors)
 

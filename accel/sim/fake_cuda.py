@@ -339,10 +339,10 @@ def reset(local_rank: int | None = None) -> None:
 
 
 class SimCUDABackend(CUDABackend):
-    """The real CUDA backend, its process group carried by Gloo (`accel.sim.cuda_group`)."""
+    """The real CUDA backend; its "nccl" group refuses CPU tensors as NCCL does (`accel.sim.nccl_group`)."""
 
     name = "sim_cuda"
-    comm_backend = cuda_group.BACKEND_NAME
+    comm_backend = "nccl"  # created by accel.sim.adopt_group as the simulated NCCL group
 
     @classmethod
     def is_available(cls) -> bool:

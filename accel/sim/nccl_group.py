@@ -125,6 +125,17 @@ class SimNcclGroup(_ProcessGroup):
                 "(torch.cuda.set_device(local_rank) before the first one)."
             )
 
+    def bind(self, index: int) -> None:
+        """Set up the communicator on simulated GPU `index` now (`init_process_group(device_id=...)`)."""
+        self._bind([torch.empty(0, device=torch.device("cuda", index))])
+
+    def unbind(self) -> None:
+        """Forget the communicator's GPU: the next collective sets it up (and checks it) again.
+
+        A warm rank's group outlives a task; on the hardware each script gets a new one.
+        """
+        self.gpu = None
+
     def _guess_gpu(self) -> int:
         # As ProcessGroupNCCL for a collective without tensors (barrier): the GPU already
         # used, else the current one.
@@ -258,19 +269,25 @@ def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Si
 
 
 def to_torch(backend: Any) -> Any:
-    """The backend string torch must be given for `backend` ("nccl" -> this group), else unchanged."""
+    """The backend string torch must be given for `backend` ("nccl" -> this group), else unchanged.
+
+    "cpu:gloo,cuda:nccl" (CPU tensors over Gloo, CUDA ones NCCL's way) is the simulated
+    GPU's permissive group (`accel.sim.cuda_group`): a Python group serves every device
+    of its process group, so this one could not share one with Gloo.
+    """
     if backend is None:
         return None
     text = str(backend).lower()
     if text == NCCL:
         return BACKEND
     if ":" in text:
-        pairs = [pair.split(":", 1) for pair in text.split(",")]
-        mapped = {device: (BACKEND if name == NCCL else name) for device, name in pairs}
-        if mapped.get("cuda") == BACKEND:
-            # torch routes a simulated CUDA tensor by its C++ device: the same group serves it
-            mapped.setdefault(cuda_state.HIDDEN_DEVICE, BACKEND)
-        return ",".join(f"{device}:{name}" for device, name in mapped.items())
+        pairs = dict(pair.strip().split(":", 1) for pair in text.split(","))
+        if pairs == {"cuda": NCCL}:
+            return BACKEND
+        if pairs == {"cpu": "gloo", "cuda": NCCL}:
+            from accel.sim import cuda_group
+
+            return cuda_group.BACKEND_NAME
     return backend
 
 

@@ -42,13 +42,18 @@ def test_nested_structure_costs_one_collective_per_dtype(rank, world_size):
     from accel.state import PartialState
     from accel.utils import gather, reduce
 
-    hardware = PartialState().hardware
+    state = PartialState()
+    hardware = state.hardware
     calls = []
     original_gather, original_reduce = hardware.all_gather_into, hardware.all_reduce
     hardware.all_gather_into = lambda out, t: calls.append("gather") or original_gather(out, t)
     hardware.all_reduce = lambda t, op="sum": calls.append("reduce") or original_reduce(t, op)
-    data = {k: torch.ones(3) * rank for k in "abcdefgh"}
-    data["ints"] = [torch.ones(2, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)]
+    # on the device: simulated GPUs speak NCCL, which refuses CPU tensors
+    data = {k: torch.ones(3, device=state.device) * rank for k in "abcdefgh"}
+    data["ints"] = [
+        torch.ones(2, dtype=torch.int64, device=state.device),
+        torch.zeros(1, dtype=torch.int64, device=state.device),
+    ]
     gather(data)
     reduce(data, "sum")
     assert calls == ["gather", "gather", "reduce", "reduce"]
@@ -129,17 +134,19 @@ def test_debug_mode_lists_every_rank_shape(rank, world_size):
 
 @distributed_test(world_size=SIZES, device=DEVICES)
 def test_set_seed_and_synchronize_rng(rank, world_size):
+    from accel.state import PartialState
     from accel.utils import gather, set_seed, synchronize_rng_states
 
+    device = PartialState().device  # gathered there: simulated GPUs speak NCCL, which refuses CPU tensors
     torch.manual_seed(100 + rank)
     synchronize_rng_states(["torch"])
-    draws = gather(torch.rand(2))
+    draws = gather(torch.rand(2).to(device))
     assert all(torch.equal(draws[2 * r : 2 * r + 2], draws[:2]) for r in range(world_size))
     set_seed(7, device_specific=True)
-    assert gather(torch.rand(1)).unique().numel() == world_size
+    assert gather(torch.rand(1).to(device)).unique().numel() == world_size
     gen = torch.Generator().manual_seed(rank)
     synchronize_rng_states(["generator"], generator=gen)
-    assert gather(torch.rand(1, generator=gen)).unique().numel() == 1
+    assert gather(torch.rand(1, generator=gen).to(device)).unique().numel() == 1
 
 
 @distributed_test(world_size=SIZES, device=["cuda", "xla"])

@@ -189,3 +189,36 @@ def test_ddp_with_device_ids_is_bitwise_cpu_ddp_on_gloo(rank, world_size):
     checksums = [None] * world_size
     dist.all_gather_object(checksums, [p.sum().item() for p in gpu_params])
     assert all(c == checksums[0] for c in checksums)
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_a_communicator_stays_on_its_gpu(rank):
+    import torch.distributed as dist
+
+    here = _nccl_group(rank)
+    dist.all_reduce(torch.ones(1, device=here))
+    elsewhere = torch.device("cuda", 1 - rank)
+    with pytest.raises(RuntimeError, match=rf"communicator is on cuda:{rank}.*on cuda:{1 - rank}"):
+        dist.all_reduce(torch.ones(1, device=elsewhere))
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_mixed_cpu_and_nccl_groups_by_device_backend_strings(rank):
+    import torch.distributed as dist
+
+    here = _nccl_group(rank)
+    both = dist.new_group(backend="cpu:gloo,cuda:nccl")  # CPU tensors over Gloo, CUDA ones NCCL's way
+    strict = dist.new_group(backend="cuda:nccl")
+    for t in (torch.ones(1), torch.ones(1, device=here)):
+        dist.all_reduce(t, group=both)
+        assert t.item() == 2
+    with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+        dist.all_reduce(torch.ones(1), group=strict)
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_device_id_sets_up_the_communicator_at_init(rank):
+    import torch.distributed as dist
+
+    with pytest.raises(dist.DistBackendError, match="Duplicate GPU detected"):
+        dist.init_process_group("nccl", device_id=torch.device("cuda", 0))

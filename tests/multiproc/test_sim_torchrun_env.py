@@ -163,28 +163,32 @@ def test_another_world_is_refused(rank):
     dist.init_process_group("gloo", world_size=2, rank=rank)  # the same world: adopted
 
 
-def _replace_with_nccl():
+def _replace_with_gloo():
     import torch.distributed as dist
 
     before = dist.get_backend()
-    dist.init_process_group("nccl")
-    return before, dist.get_backend()
+    dist.init_process_group("gloo")
+    t = torch.ones(1)  # a CPU tensor: Gloo takes it
+    dist.all_reduce(t)
+    return before, dist.get_backend(), t.item()
 
 
 def _simulator_group_is_back():
     import torch.distributed as dist
 
-    t = torch.ones(1)  # a CPU tensor: the simulator's group takes it, an NCCL group would not
+    t = torch.ones(1, device="cuda")
     dist.all_reduce(t)
-    return dist.get_backend(), t.item()
+    try:
+        dist.all_reduce(torch.ones(1))  # the simulator's NCCL group refuses a CPU tensor
+    except RuntimeError as refused:
+        return dist.get_backend(), t.item(), str(refused)
+    return dist.get_backend(), t.item(), None
 
 
 def test_the_next_task_gets_the_simulators_group_back():
     from accel.sim import launch
 
-    first = launch(_replace_with_nccl, world_size=2, device="cuda", timeout=120)
-    assert first == [("cpu:gloo,cuda:nccl", "nccl")] * 2
-    # same warm ranks: restored before the task
-    assert (
-        launch(_simulator_group_is_back, world_size=2, device="cuda", timeout=120) == [("cpu:gloo,cuda:nccl", 2.0)] * 2
-    )
+    assert launch(_replace_with_gloo, world_size=2, device="cuda", timeout=120) == [("nccl", "gloo", 2.0)] * 2
+    # same warm ranks: the simulator's group was restored before this task
+    back = launch(_simulator_group_is_back, world_size=2, device="cuda", timeout=120)
+    assert back == [("nccl", 2.0, "No backend type associated with device type cpu")] * 2
