@@ -120,6 +120,19 @@ def only_rank_zero_reduces():
         dist.all_reduce(torch.ones(2))  # LINE-LONELY
 
 
+def groups_in_opposite_orders():
+    import torch
+    import torch.distributed as dist
+
+    pair = dist.new_group([0, 1])
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # LINE-WORLD-FIRST
+        dist.all_reduce(torch.ones(1), group=pair)
+    else:
+        dist.all_reduce(torch.ones(1), group=pair)  # LINE-PAIR-FIRST
+        dist.all_reduce(torch.ones(1))
+
+
 def receive_from_a_rank_that_returned():
     import torch
     import torch.distributed as dist
@@ -241,6 +254,17 @@ def test_a_rank_left_in_a_collective_is_a_deadlock_not_a_timeout(world_size, che
     assert f"line {_line('LINE-LONELY')} in only_rank_zero_reduces" in error.failures[0].stack
     assert "in all_reduce" in error.failures[0].stack
     assert not isinstance(error, DistributedTimeout)
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked"])
+def test_ranks_waiting_for_each_other_in_different_groups_are_a_deadlock(check):
+    with pytest.raises(DistributedDeadlock) as info:
+        launch(groups_in_opposite_orders, world_size=2, timeout=120, check_collectives=check)
+    assert info.value.summary == (
+        f"deadlock: rank 0 waits in all_reduce (its collective #1) at {HERE}:{_line('LINE-WORLD-FIRST')}; "
+        f"rank 1 waits in all_reduce (its collective #1) at {HERE}:{_line('LINE-PAIR-FIRST')}; "
+        "each waits for another: none of these collectives can complete (device 'cpu')"
+    )
 
 
 def test_a_receive_from_a_rank_that_returned_is_a_deadlock():

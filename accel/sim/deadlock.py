@@ -2,12 +2,17 @@
 
 Each rank writes to a small board file (`accel.sim.collectives`) which collective it is
 waiting in (its group, its number in that group), and how many collectives it entered
-per group; when the call returns the board says "idle" but keeps those numbers. Once
-some ranks have finished the task (returned or failed), the others are deadlocked if
-every one of them waits in a collective (or a blocking send/recv) and at least one of
-those can never complete: a rank of its group finished after fewer collectives of that
-group (or, for a send/recv, the peer finished). The verdict also waits `SETTLE` seconds
-with nothing moving, as a margin for boards read while being written.
+per group; when the call returns the board says "idle" but keeps those numbers.
+
+The ranks still running are deadlocked when every one of them waits in a collective
+(or a blocking send/recv) and none of those can complete. Collective number s of group
+G can complete once every rank of G has reached it (entered s or more collectives of
+G), whether that rank still runs or has finished the task; a send/recv can complete
+while its peer still runs. So a rank alone in a collective its returned peers never
+entered is a deadlock, and so are ranks waiting for each other in collectives of
+different groups (rank 0 in the default group, rank 1 in a subgroup, each first). The
+verdict also waits `SETTLE` seconds with nothing moving, as a margin for boards read
+while being written.
 
 Torch-free: the parent (pytest, `accel launch`) imports it.
 """
@@ -70,12 +75,11 @@ class Watch:
         if len(waiting) < len(pending):
             self._seen = None
             return {}
-        done: dict[int, dict[str, int]] = {}
+        reached: dict[int, dict[str, int]] = {rank: board.get("seqs", {}) for rank, board in waiting.items()}
         for rank in finished:
             last = read_board(self._paths[rank], waiting_only=False)
-            done[rank] = last.get("seqs", {}) if last is not None and last.get("task") == self._task else {}
-        doomed = any(self._can_never_complete(board, done) for board in waiting.values())
-        if not doomed:
+            reached[rank] = last.get("seqs", {}) if last is not None and last.get("task") == self._task else {}
+        if any(self._can_complete(board, reached, finished) for board in waiting.values()):
             self._seen = None
             return {}
         snapshot = {rank: board.get("call", 0) for rank, board in waiting.items()}
@@ -86,12 +90,12 @@ class Watch:
         return waiting if now - self._since >= SETTLE else {}
 
     @staticmethod
-    def _can_never_complete(board: dict[str, Any], done: dict[int, dict[str, int]]) -> bool:
-        members = [rank for rank in board.get("ranks", ()) if rank in done]
+    def _can_complete(board: dict[str, Any], reached: dict[int, dict[str, int]], finished: set[int]) -> bool:
+        ranks = board.get("ranks", ())
         if board.get("op") in ("send", "recv"):
-            return bool(members)
+            return not set(ranks) & finished
         group, seq = board.get("group", ""), board.get("seq", 0)
-        return any(done[rank].get(group, 0) < seq for rank in members)
+        return all(reached.get(rank, {}).get(group, 0) >= seq for rank in ranks)
 
 
 def _library_dirs() -> tuple[str, ...]:

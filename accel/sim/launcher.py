@@ -139,8 +139,11 @@ def raise_for_failures(
     if failures and all(f.kind == "deadlock" for f in failures.values()):
         done = [o.rank for o in outcomes if o.status == Status.OK]
         waits = "; ".join(f"rank {rank} {failure.waiting}" for rank, failure in sorted(failures.items()))
-        noun = "rank" if len(done) == 1 else "ranks"
-        summary = f"deadlock: {waits}; {noun} {ranges(done)} already returned (device {device!r})"
+        if done:
+            why = f"{'rank' if len(done) == 1 else 'ranks'} {ranges(done)} already returned"
+        else:
+            why = "each waits for another: none of these collectives can complete"
+        summary = f"deadlock: {waits}; {why} (device {device!r})"
         raise DistributedDeadlock(failures, stopped, world_size, device, summary=summary)
     if failures and all(f.kind == "timeout" for f in failures.values()):
         ranks = ", ".join(str(rank) for rank in sorted(failures))

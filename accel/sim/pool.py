@@ -171,6 +171,13 @@ class RankPool:
                         self._start_failed({rank: _exception_failure(rank, message.error)}, "error")
             for rank, proc in enumerate(self._procs):
                 if proc.sentinel in signalled:
+                    # What it said before dying (its set-up error) may still be in the pipe,
+                    # behind the message read above.
+                    with contextlib.suppress(EOFError, OSError):
+                        while self._conns[rank].poll():
+                            message = self._conns[rank].recv()
+                            if isinstance(message, StartError):
+                                self._start_failed({rank: _exception_failure(rank, message.error)}, "error")
                     failure = self._death(rank)
                     if not failure.stderr:  # it died before its output was captured: while importing __main__?
                         failure.hint = guard.main_guard_hint()
@@ -267,10 +274,9 @@ class RankPool:
             ready = multiprocessing.connection.wait(waitables, timeout=min(remaining, RELAY_INTERVAL))
             if not ready:
                 self.relay()
-                if outcomes:
-                    stuck = watch.stuck(pending, finished=set(outcomes))
-                    if stuck:
-                        break
+                stuck = watch.stuck(pending, finished=set(outcomes))
+                if stuck:
+                    break
                 continue
             for rank in pending:
                 if self._conns[rank] in ready or self._procs[rank].sentinel in ready:
