@@ -14,6 +14,13 @@
 - A rank that raises fails the test with its own traceback (`[rank N]` on each line);
   exits and signals are named; a hang fails after `timeout` with every live rank's
   stack. `pytest.skip` / `pytest.xfail` on any rank skip / xfail the test.
+- Diagnoses: collectives are checked across ranks (a mismatch fails the test at once,
+  naming each rank's call and line; `check_collectives=False` or
+  `ACCEL_SIM_CHECK_COLLECTIVES=0` turn it off); ranks in collectives that can never
+  complete fail within a second as a deadlock; a dead rank's last stderr lines are in
+  the report; `world_size=1` has a process group of size 1.
+- `faults=[...]` injects faults (`accel.sim.Fault` or specs such as
+  "kill:rank=1:collective=3"; see `accel.sim.faults`).
 - Works under `pytest -n N`, `coverage run -m pytest`, pytest-cov and hypothesis
   (every rank draws the same examples).
 - Markers `gpu`, `multi_gpu`, `tpu` skip without that hardware; `--real-devices` runs

@@ -69,8 +69,9 @@ def distributed_test(
 
     Collectives are checked across ranks before they run: ranks calling different ones
     fail the test at once, naming each rank's call and line (`check_collectives=False`
-    turns that off; so does ``ACCEL_SIM_CHECK_COLLECTIVES=0``). Ranks left waiting in a
-    collective that peers which returned will never join fail it within a second.
+    turns that off; so does ``ACCEL_SIM_CHECK_COLLECTIVES=0``). Ranks left waiting in
+    collectives that can never complete (peers returned, or wait in another group's
+    collective) fail it within a second.
     `faults` injects failures: `accel.sim.Fault` objects or spec strings such as
     ``"kill:rank=1:collective=3"`` (`accel.sim.faults.parse_fault`).
     """
