@@ -36,16 +36,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from accel.utils.constants import (
+    MODEL_NAME,
+    OPTIMIZER_NAME,
+    RNG_STATE_NAME,
+    SAFE_MODEL_NAME,
+    SCALER_NAME,
+    SCHEDULER_NAME,
+)
 from accel.utils.saving import atomic_save, save
 
-SAFE_MODEL_NAME = "model"
-MODEL_NAME = "pytorch_model"
-OPTIMIZER_NAME = "optimizer"
-SCHEDULER_NAME = "scheduler"
 STATEFUL_LOADER_NAME = "dl_state_dict"
 DATALOADER_NAME = "dataloader"
-SCALER_NAME = "scaler.pt"
-RNG_STATE_NAME = "random_states"
 CUSTOM_NAME = "custom_checkpoint"
 CHECKPOINTS_DIR = "checkpoints"
 _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")

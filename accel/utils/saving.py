@@ -163,7 +163,9 @@ def write_model_weights(
 
     limit = parse_shard_size(max_shard_size)
     state_dict = _without_shared_tensors(state_dict) if safe_serialization else dict(state_dict)
-    stem, suffix = ("model", ".safetensors") if safe_serialization else ("pytorch_model", ".bin")
+    from accel.utils.constants import MODEL_NAME, SAFE_MODEL_NAME
+
+    stem, suffix = (SAFE_MODEL_NAME, ".safetensors") if safe_serialization else (MODEL_NAME, ".bin")
     shards = split_into_shards(state_dict, limit)
     count = len(shards)
     names = [f"{stem}{suffix}"] if count <= 1 else [f"{stem}-{i + 1:05d}-of-{count:05d}{suffix}" for i in range(count)]
