@@ -43,6 +43,9 @@ NCCL = "nccl"
 #: collective on a "nccl" group asks for it)
 NCCL_VERSION = (2, 21, 5)
 
+#: Gloo tag of the messages that set up a point-to-point communicator (apart from the user's)
+PAIR_TAG = 0x5EC0
+
 #: ProcessGroupNCCL's words for a tensor it cannot take
 NOT_CUDA = "Tensors must be CUDA and dense"
 
@@ -86,6 +89,8 @@ class SimNcclGroup(_ProcessGroup):
         self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
         #: the simulated GPU of this rank's communicator, set at the group's first collective
         self.gpu: int | None = None
+        #: peer -> this rank's GPU, for the point-to-point communicators set up so far
+        self._peers: dict[int, int] = {}
 
     def getBackendName(self) -> str:  # noqa: N802  (torch's name for it)
         return NCCL
@@ -108,12 +113,15 @@ class SimNcclGroup(_ProcessGroup):
 
     # -- the communicator: one GPU per rank ------------------------------------------------
 
-    def _bind(self, tensors: list[torch.Tensor]) -> None:
-        """Set up the communicator on the GPU of `tensors` (checking no two ranks share it)."""
+    def _gpu_of(self, tensors: list[torch.Tensor]) -> int:
         indices = {t.device.index or 0 for t in tensors}
         if len(indices) > 1:
             raise ValueError(f"Expected list of tensors on the same device, got tensors on cuda:{sorted(indices)}")
-        index = indices.pop() if indices else self._guess_gpu()
+        return indices.pop() if indices else self._guess_gpu()
+
+    def _bind(self, tensors: list[torch.Tensor]) -> None:
+        """Set up the communicator on the GPU of `tensors` (checking no two ranks share it)."""
+        index = self._gpu_of(tensors)
         if self.gpu is None:
             self._check_distinct(index)
             self.gpu = index
@@ -125,6 +133,19 @@ class SimNcclGroup(_ProcessGroup):
                 "(torch.cuda.set_device(local_rank) before the first one)."
             )
 
+    def _bind_pair(self, tensors: list[torch.Tensor], peer: int, sending: bool) -> None:
+        """send/recv: NCCL sets up a communicator of the two ranks only, once per peer."""
+        index = self._gpu_of(tensors)
+        if peer in self._peers:
+            return
+        mine, theirs = torch.tensor([index], dtype=torch.int64), torch.empty(1, dtype=torch.int64)
+        steps = [lambda: self._gloo.send([mine], peer, PAIR_TAG), lambda: self._gloo.recv([theirs], peer, PAIR_TAG)]
+        for step in steps if sending else steps[::-1]:
+            step().wait()
+        if int(theirs.item()) == index:
+            raise duplicate_gpu_error(max(self.rank(), peer), min(self.rank(), peer), index)
+        self._peers[peer] = index
+
     def bind(self, index: int) -> None:
         """Set up the communicator on simulated GPU `index` now (`init_process_group(device_id=...)`)."""
         self._bind([torch.empty(0, device=torch.device("cuda", index))])
@@ -135,6 +156,7 @@ class SimNcclGroup(_ProcessGroup):
         A warm rank's group outlives a task; on the hardware each script gets a new one.
         """
         self.gpu = None
+        self._peers.clear()
 
     def _guess_gpu(self) -> int:
         # As ProcessGroupNCCL for a collective without tensors (barrier): the GPU already
@@ -151,7 +173,9 @@ class SimNcclGroup(_ProcessGroup):
                 if gpus[rank] == gpus[other] and self.rank() in (rank, other):
                     raise duplicate_gpu_error(rank, other, gpus[rank])
 
-    def _run(self, tensors: list[Any], start: Callable[[], Any], result: Any) -> Any:
+    def _run(
+        self, tensors: list[Any], start: Callable[[], Any], result: Any, peer: tuple[int, bool] | None = None
+    ) -> Any:
         """Check the call's tensors as NCCL would, run `start()` on Gloo, return finished work."""
         flat = _flatten(tensors)
         cuda = [t for t in flat if is_simulated_cuda(t)]
@@ -160,7 +184,10 @@ class SimNcclGroup(_ProcessGroup):
             raise RuntimeError(f"No backend type associated with device type {flat[0].device.type}")
         if len(cuda) != len(flat) or any(t.is_sparse for t in cuda):
             raise ValueError(NOT_CUDA)
-        self._bind(cuda)
+        if peer is None:
+            self._bind(cuda)
+        else:
+            self._bind_pair(cuda, *peer)
         start().wait()
         return torch_internals.completed_work(result)
 
@@ -241,10 +268,12 @@ class SimNcclGroup(_ProcessGroup):
         return self._on_gloo("alltoall", (outputs, inputs), outputs, opts)
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
-        return self._on_gloo("send", (tensors,), tensors, dst, tag, None)
+        start = lambda: self._gloo.send(_unwrapped(tensors), dst, tag)  # noqa: E731
+        return self._run([tensors], start, tensors, peer=(dst, True))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
-        return self._on_gloo("recv", (tensors,), tensors, src, tag, None)
+        start = lambda: self._gloo.recv(_unwrapped(tensors), src, tag)  # noqa: E731
+        return self._run([tensors], start, tensors, peer=(src, False))
 
     def barrier(self, opts: Any = None) -> Any:
         # NCCL's barrier is an all-reduce on a GPU: the first of `device_ids`, else the

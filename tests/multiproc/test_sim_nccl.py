@@ -222,3 +222,31 @@ def test_device_id_sets_up_the_communicator_at_init(rank):
 
     with pytest.raises(dist.DistBackendError, match="Duplicate GPU detected"):
         dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+
+
+@distributed_test(world_size=4, device="cuda")
+def test_send_recv_between_two_ranks_involves_only_them(rank):
+    import torch.distributed as dist
+
+    here = _nccl_group(rank)
+    if rank in (0, 1):  # ranks 2 and 3 never touch the group: a pair communicator, as NCCL's
+        t = torch.full((2,), 5.0, device=here) if rank == 0 else torch.zeros(2, device=here)
+        if rank == 0:
+            dist.send(t, 1)
+        else:
+            dist.recv(t, 0)
+        assert t.tolist() == [5.0, 5.0]
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_send_recv_on_one_gpu_fail_as_nccl_does(rank):
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(0)
+    t = torch.ones(1, device="cuda")
+    with pytest.raises(dist.DistBackendError, match="Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 0"):
+        if rank == 0:
+            dist.send(t, 1)
+        else:
+            dist.recv(t, 0)
