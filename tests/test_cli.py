@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from accel.commands import cli, launch, launch_args, simulate
+from accel.sim import output
 from accel.sim.devices import DEVICES
 
 ACCEL = str(Path(sys.executable).with_name("accel"))
@@ -291,7 +292,7 @@ SCRIPT = """
 import sys, torch
 from accel.state import PartialState
 state = PartialState()
-total = state.hardware.all_reduce(torch.tensor([state.process_index + 1.0])).item()
+total = state.hardware.all_reduce(torch.tensor([state.process_index + 1.0], device=state.device)).item()
 print(f"rank {state.process_index}/{state.num_processes} {state.distributed_type} "
       f"cuda={torch.cuda.is_available()} total={total} args={sys.argv[1:]}", flush=True)
 if "--fail" in sys.argv and state.process_index == 1:
@@ -342,6 +343,7 @@ def test_launch_flags_reach_the_accelerator_in_simulated_ranks(script, capsys):
     assert "accumulation=3 threads=1\n" in out
     assert "[rank" not in out  # one rank shown: no prefix
     assert "rank 0/2" not in out  # the other rank's output is filtered out
+    assert output.settings() == output.OutputSettings()  # the filter ended with the launch
 
 
 def test_simulated_launch_reports_the_failing_rank_once(script, capsys):

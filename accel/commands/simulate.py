@@ -56,8 +56,6 @@ def run_script(script: str, script_args: list[str], env: dict[str, str], module:
 
 def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
     """Run the script of `args` on `--num_processes` simulated ranks, restarting as asked; the exit code."""
-    from accel.sim import DistributedFailure
-
     world_size = args.num_processes or 2
     try:
         shown = output.parse_ranks(args.local_ranks_filter) if args.local_ranks_filter else None
@@ -71,10 +69,22 @@ def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
             file=sys.stderr,
         )
         return 2
-    output.configure(shown, prefix=None)
     _quiet_resource_tracker()
     env = {**env, **_terminal_env(world_size, shown)}
     script = args.script if args.module else os.path.abspath(args.script)
+    # Process-wide output settings: put back afterwards, for callers of cli.main in a process that goes on.
+    previous = output.settings()
+    output.configure(shown, prefix=None)
+    try:
+        return _attempts(script, args, env, world_size, faults)
+    finally:
+        output.configure(previous.ranks, previous.prefix)
+
+
+def _attempts(script: str, args: argparse.Namespace, env: dict[str, str], world_size: int, faults: tuple) -> int:
+    """The first run and up to `--max_restarts` more after failures; the exit code."""
+    from accel.sim import DistributedFailure
+
     timeout = args.timeout or None  # None: no limit (a deadlock still ends the run)
     for attempt in range(args.max_restarts + 1):
         attempt_env = {
