@@ -11,6 +11,7 @@ by side, with the ratios to the smallest world, so that the figures of one run c
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -34,6 +35,8 @@ def main() -> None:
     parser.add_argument("--tests", type=int, default=5, help="warm tests per world size")
     args = parser.parse_args()
 
+    # c10d warns about every client socket whose host name it cannot look up: 128 ranks, 128 lines.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     forking.warm_up()
     warm_manager = new_manager(max_warm_ranks=2)
     run_payload(serialize.dumps_call(one_all_reduce, (2,), {}), 2, "cpu", 120, manager=warm_manager)  # torch imported

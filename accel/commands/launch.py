@@ -33,6 +33,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run a training script on several processes (real or simulated devices)",
         description="Run SCRIPT on several processes: through torchrun on real hardware, "
         "or on simulated devices with --simulate. Takes Accelerate's launch flags.",
+        epilog="Refused with an error (not supported by accel): the flags of "
+        + ", ".join(launch_args.UNSUPPORTED_FLAGS)
+        + ".",
     )
     launch_args.add_arguments(parser)
     parser.set_defaults(run=run, parser=parser, unrecognized=launch_args.unrecognized)
