@@ -11,7 +11,8 @@ tested by injecting that fault::
     def test_survives_a_straggler(rank): ...
 
 A fault fires in its rank just before that rank's N-th collective of the task (counted
-from 1 over every process group; a collective that calls others counts once), or when
+from 1 over every process group; a collective that calls others counts once; send and
+recv are not collectives and do not count), or when
 the code reaches ``accel.sim.fault_point(name)``, a no-op outside the simulator.
 Actions: "kill" (SIGKILL: the rank dies as on a lost node), "raise" (`InjectedFault`),
 "stall" (sleep `seconds`, then go on).
