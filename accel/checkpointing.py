@@ -240,7 +240,7 @@ def save_checkpoint(
         if position is None:
             continue
         if getattr(loader, "use_stateful_dataloader", False):
-            shared(position, indexed_name(STATEFUL_LOADER_NAME, i))
+            shared(_torchdata_state(position), indexed_name(STATEFUL_LOADER_NAME, i))
         atomic_save(_on_cpu(position), os.path.join(output_dir, f"{DATALOADER_NAME}_{i}_rank{process_index}.bin"))
     if scaler is not None:
         shared(scaler.state_dict(), SCALER_NAME)
@@ -253,6 +253,21 @@ def _on_cpu(value: Any) -> Any:
     from accel.utils.operations import recursively_apply
 
     return recursively_apply(lambda t: t.detach().cpu(), value)
+
+
+def _torchdata_state(position: dict[str, Any]) -> Any:
+    # What Accelerate's dl_state_dict.bin holds: torchdata's StatefulDataLoader state. A
+    # DataLoaderShard's own state wraps it (with the epoch and shuffling state around it).
+    return position.get("stateful_dataloader") if "batches_yielded" in position else position
+
+
+def _from_torchdata_state(loader: Any, state: dict[str, Any]) -> dict[str, Any]:
+    # The reverse: wrapped again for loaders whose own state is the wrapper (a checkpoint of
+    # Accelerate's, which has no dataloader_<i>_rank<r>.bin of ours).
+    own = dataloader_state(loader) or {}
+    if "batches_yielded" in own:
+        return {"batches_yielded": int(state.get("_num_yielded", 0)), "stateful_dataloader": state}
+    return state
 
 
 def dataloader_state(loader: Any) -> dict[str, Any] | None:
@@ -347,5 +362,6 @@ def _saved_loader_state(input_dir: str, index: int, loader: Any, process_index: 
             return load_file(path)
     path = os.path.join(input_dir, indexed_name(STATEFUL_LOADER_NAME, index))
     if getattr(loader, "use_stateful_dataloader", False) and os.path.exists(path):
-        return load_file(path)
+        state = load_file(path)
+        return None if state is None else _from_torchdata_state(loader, state)
     return None
