@@ -492,3 +492,23 @@ def test_exported_functions_are_not_shadowed_by_submodules():
     for name in submodules:
         importlib.import_module(f"accel.utils.{name}")
     assert submodules & set(accel.utils.__all__) == set()
+
+
+def test_clean_state_dict_for_safetensors_matches_accelerate(caplog, request):
+    from accelerate.state import PartialState as PeerState
+    from accelerate.utils import clean_state_dict_for_safetensors as peer
+
+    PeerState(cpu=True)  # the peer logs through its own state
+    request.addfinalizer(PeerState._reset_state)
+
+    from accel.utils import clean_state_dict_for_safetensors
+
+    def tied():
+        model = torch.nn.Sequential(torch.nn.Embedding(4, 3), torch.nn.Linear(3, 4, bias=False))
+        model[1].weight = model[0].weight
+        return model.state_dict()
+
+    ours, theirs = tied(), tied()
+    assert clean_state_dict_for_safetensors(ours) is ours
+    assert list(ours) == list(peer(theirs)) == ["0.weight"]
+    assert "1.weight" in caplog.text

@@ -131,7 +131,7 @@ _EXPORTS = {
         "SAFE_WEIGHTS_PATTERN_NAME",
         "SAFE_WEIGHTS_INDEX_NAME",
     ],
-    "accel.utils.saving": ["save"],
+    "accel.utils.saving": ["save", "clean_state_dict_for_safetensors"],
     "accel.utils.loading": ["load"],
     "accel.utils.progress": ["tqdm"],
     "accel.utils.imports": IS_AVAILABLE,
@@ -238,6 +238,7 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
     )
     from accel.utils.saving import (
         save as save,
+        clean_state_dict_for_safetensors as clean_state_dict_for_safetensors,
     )
     from accel.utils.loading import (
         load as load,

@@ -56,6 +56,25 @@ def _without_shared_tensors(state_dict: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Drop, in place, the names of tensors that share memory with an earlier one (tied weights), which
+    safetensors refuses, and make the others contiguous; returns `state_dict`.
+
+    Loading the file restores a tied weight through its first name; the dropped names are logged.
+    """
+    kept = _without_shared_tensors(state_dict)
+    dropped = [name for name in state_dict if name not in kept]
+    state_dict.clear()
+    state_dict.update(kept)
+    if dropped:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            f"Removed shared tensors {dropped} while saving: they share memory with tensors saved under another name"
+        )
+    return state_dict
+
+
 def _safetensors_writer(obj: Any, handle: Any) -> None:
     try:
         from safetensors.torch import save as safetensors_bytes
