@@ -118,11 +118,13 @@ def test_logger_speaks_once_per_run_with_the_rank(rank, world_size):
         logger.info("everyone", main_process_only=False)
         for _ in range(3):
             logger.warning_once("once")
+        logger.info("in turn", in_order=True)
     finally:
         logger.logger.removeHandler(handler)
     expected = [f"[RANK {rank}] everyone"]
     if rank == 0:
         expected = ["[RANK 0] main only", *expected, "[RANK 0] once"]
+    expected.append(f"[RANK {rank}] in turn")
     assert [r.getMessage() for r in records] == expected
 
 
