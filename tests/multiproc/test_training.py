@@ -254,10 +254,12 @@ def test_join_with_uneven_batches_from_a_prepared_loader(rank, world_size):
     assert all(torch.allclose(rows[0], row) for row in rows)
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["per-process", "split"])
 @distributed_test(world_size=SIZES, device=DEVICES, timeout=120)
-def test_scheduler_learning_rates_equal_accelerates_under_accumulation(world_size, split):
-    """Our prepared scheduler and Accelerate 1.15's `AcceleratedScheduler`, stepped side by side on every batch."""
+def test_scheduler_learning_rates_equal_accelerates_under_accumulation(world_size):
+    """Our prepared scheduler and Accelerate 1.15's `AcceleratedScheduler`, stepped side by side on every batch.
+
+    (`split_batches=True` is compared in tests/test_scheduler_compat.py, in one process.)
+    """
     import types
 
     accelerate_scheduler = pytest.importorskip("accelerate.scheduler")
@@ -266,11 +268,11 @@ def test_scheduler_learning_rates_equal_accelerates_under_accumulation(world_siz
 
     from accel.accelerator import Accelerator
 
-    acc = Accelerator(gradient_accumulation_steps=3, split_batches=split)
+    acc = Accelerator(gradient_accumulation_steps=3)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
-    loader = DataLoader(TensorDataset(*_data(24 * world_size)), batch_size=2 * world_size if split else 2)
+    loader = DataLoader(TensorDataset(*_data(24 * world_size)), batch_size=2)
     model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
 
     # The peer's scheduler over a twin schedule. It reads the number of processes from
@@ -280,7 +282,7 @@ def test_scheduler_learning_rates_equal_accelerates_under_accumulation(world_siz
     original_state = accelerate_scheduler.AcceleratorState
     accelerate_scheduler.AcceleratorState = lambda: types.SimpleNamespace(num_processes=world_size)
     try:
-        peer = accelerate_scheduler.AcceleratedScheduler(twin, opt, split_batches=split)
+        peer = accelerate_scheduler.AcceleratedScheduler(twin, opt)
         peer_gradient_state = PeerGradientState()
         ours, theirs = [], []
         for inputs, targets in loader:
@@ -297,8 +299,8 @@ def test_scheduler_learning_rates_equal_accelerates_under_accumulation(world_siz
         accelerate_scheduler.AcceleratorState = original_state
         PeerGradientState._reset_state()
     assert len(ours) == 12 and ours == pytest.approx(theirs, rel=1e-12)
-    # 4 optimizer steps, each advancing once per process (once with split batches)
-    assert sched.scheduler.last_epoch == 4 * (1 if split else world_size)
+    # 4 optimizer steps, each advancing once per process
+    assert sched.scheduler.last_epoch == 4 * world_size
 
 
 @distributed_test(world_size=SIZES, device=["cpu", "cuda"])
