@@ -80,12 +80,28 @@ def _same_default(a: Any, b: Any) -> bool:
         return False
 
 
+def _opaque_wrapper_target(func: Any) -> Any:
+    """The function inside a decorator wrapper that hides it (`_inner(*args, **kwargs)` without `__wrapped__`)."""
+    for cell in getattr(func, "__closure__", None) or ():
+        inner = cell.cell_contents
+        if inspect.isfunction(inner):
+            return inner
+    return None
+
+
 def _signature(obj: Any) -> inspect.Signature | None:
     target = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
     try:
-        return inspect.signature(target)
+        signature = inspect.signature(target)
     except (TypeError, ValueError):
         return None
+    kinds = [p.kind for p in signature.parameters.values()]
+    if kinds == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]:
+        # Accelerate's process decorators (`on_main_process`, ...) hide the signature: compare the function inside.
+        inner = _opaque_wrapper_target(target)
+        if inner is not None:
+            return inspect.signature(inner)
+    return signature
 
 
 def signature_differences(peer: Any, ours: Any, ignore: Iterable[str] = ()) -> list[str]:
