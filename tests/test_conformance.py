@@ -126,3 +126,21 @@ def test_the_rules_catch_differences():
     assert conformance.signature_differences(peer, no_kwargs)
     assert conformance.signature_differences(peer, required_extra)
     assert conformance.signature_differences(peer, wider) == []
+
+
+def test_decorated_peer_functions_are_compared_by_the_function_inside():
+    def hiding(function):
+        def _inner(*args, **kwargs):
+            return function(*args, **kwargs)
+
+        return _inner
+
+    @hiding
+    def peer(project_name, config=None): ...
+
+    def same(project_name, config=None): ...
+
+    def other(name, config=None): ...
+
+    assert conformance.signature_differences(peer, same) == []
+    assert conformance.signature_differences(peer, other)
