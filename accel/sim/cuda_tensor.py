@@ -183,18 +183,21 @@ _RESHAPING = {
     "resize_", "resize_as_", "set_", "t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_",
     "swapdims_", "swapaxes_", "_resize_output_", "resize_as_sparse_",
 }  # fmt: skip
-#: op -> (draws random numbers, writes into an argument, may reshape an argument)
-_FACTS: dict[Any, tuple[bool, bool, bool]] = {}
+#: attribute of an op holding its facts (kept on the op: a dict keyed by ops would hash
+#: them in Python on every call)
+_FACTS = "_accel_sim_cuda_facts"
 
 
-def _facts(func: Any) -> tuple[bool, bool, bool]:
-    facts = _FACTS.get(func)
+def _facts(func: Any) -> tuple[Any, bool, bool, bool]:
+    """(special handler or None, draws random numbers, writes into an argument, may reshape an argument)."""
+    facts = getattr(func, _FACTS, None)
     if facts is None:
         schema = func._schema
         reshapes = schema.is_mutable and (
             any(a.is_out for a in schema.arguments) or schema.name.split("::")[-1] in _RESHAPING
         )
-        facts = _FACTS[func] = (_SEEDED in func.tags, schema.is_mutable, reshapes)
+        facts = (_SPECIAL.get(func), _SEEDED in func.tags, schema.is_mutable, reshapes)
+        setattr(func, _FACTS, facts)
     return facts
 
 
@@ -255,7 +258,7 @@ def _draw(index: int, func: Any, args: Any, kwargs: dict) -> Any:
 
 def run_on(device: torch.device, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run `func` on CPU tensors for simulated GPU `device`, on that GPU's generator if it draws."""
-    if _facts(func)[0]:
+    if _facts(func)[1]:
         return _draw(device.index or 0, func, args, kwargs)
     return func(*args, **kwargs)
 
@@ -310,7 +313,7 @@ _SPECIAL = {
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     """Run aten op `func` whose arguments include simulated CUDA tensors."""
-    special = _SPECIAL.get(func)
+    special, seeded, mutable, reshapes = _facts(func)
     if special is not None:
         return special(args, kwargs)
     device = _one_gpu(args, kwargs)
@@ -323,7 +326,6 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             if device.type == "cuda":
                 kwargs = dict(kwargs, device=torch.device("cpu"))
                 kwargs.pop("pin_memory", None)
-    seeded, mutable, reshapes = _facts(func)
     seen: dict[int, SimCudaTensor] = {}
     if mutable:
         inner_args = [_unwrap_args(a, seen) for a in args]

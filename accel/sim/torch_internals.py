@@ -104,6 +104,11 @@ disabled_torch_function = torch._C._disabled_torch_function_impl
 
 def make_wrapper(cls: type, inner: torch.Tensor, device: torch.device, requires_grad: bool) -> Any:
     """An instance of `cls` shaped like `inner`, on C++ device `device`, holding no data itself."""
+    if inner.layout is torch.strided and inner.is_contiguous() and not inner.storage_offset():
+        # the common case, and cheaper: contiguous strides and offset 0 are the defaults
+        return torch.Tensor._make_wrapper_subclass(
+            cls, inner.size(), dtype=inner.dtype, device=device, requires_grad=requires_grad
+        )
     return torch.Tensor._make_wrapper_subclass(
         cls,
         inner.size(),
