@@ -141,8 +141,13 @@ def test_save_model_and_save_state_on_several_ranks(tmp_path, rank, world_size):
     assert set(index["weight_map"]) == set(bare) - {"head.weight"}  # bare names, tied weight once
     for name, shard in index["weight_map"].items():
         assert torch.equal(load_file(tmp_path / "export" / shard)[name], bare[name].cpu())
+    calls = []
+    acc.register_save_state_pre_hook(lambda models, weights, out: calls.append((type(models[0]), sorted(weights[0]))))
+    acc.register_load_state_pre_hook(lambda models, folder: calls.append((type(models[0]), folder)))
     folder = acc.save_state(tmp_path / "ckpt")
     names = os.listdir(folder)
     assert "model_1.safetensors" not in names
     assert set(load_file(os.path.join(folder, "model.safetensors"))) == set(bare) - {"head.weight"}
     acc.load_state(folder)
+    # every rank runs the hooks, with the user's model (not its DDP wrapper) and bare weight names
+    assert calls == [(TiedModel, sorted(bare)), (TiedModel, folder)]
