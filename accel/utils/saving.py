@@ -171,7 +171,7 @@ def write_model_weights(
 ) -> list[str]:
     """Write `state_dict` into `save_directory` as `transformers` saves and loads it.
 
-    One `model.safetensors` (`pytorch_model.bin` unpickled with `safe_serialization=False`),
+    One `model.safetensors` (pickled `pytorch_model.bin` with `safe_serialization=False`),
     or past `max_shard_size` the shards `model-0000i-of-0000N.safetensors` with the index
     `model.safetensors.index.json` (`{"metadata": {"total_size"}, "weight_map"}`). Shards
     and index of an earlier save that this one does not replace are removed. Only the process with `writes` touches the
