@@ -93,6 +93,7 @@ def test_what_cannot_be_simulated_fails_naming_it():
         (torch.cuda.mem_get_info, "mem_get_info"),
         (torch.cuda.get_device_properties, "get_device_properties"),
         (lambda: torch.cuda.Event(enable_timing=True).elapsed_time(torch.cuda.Event()), "elapsed_time"),
+        (lambda: torch.compile(torch.nn.Linear(2, 2).cuda()), "torch.compile"),
     ]:
         with pytest.raises(SimulatedDeviceError, match=f"{what}.* is not available on a simulated GPU"):
             attempt()

@@ -17,8 +17,9 @@ simulated GPUs, the current one being `LOCAL_RANK`.
   when it is issued, so waits and synchronisations have nothing to wait for: they
   return at once, which gives the same results a GPU gives.
 * `SimCUDABackend` is the real `CUDABackend` (DDP with `device_ids`, autocast and
-  GradScaler on "cuda", the RNG calls); its process group hands Gloo the CPU data
-  under the CUDA tensors (`cuda_group`).
+  GradScaler on "cuda", the RNG calls); its "nccl" process group hands Gloo the CPU
+  data under the CUDA tensors (`nccl_group`; `cuda_group` serves mixed CPU/CUDA groups).
+* `torch.compile` is refused: its compilers generate code for a real GPU.
 
 What cannot be simulated raises `SimulatedDeviceError` naming it (see the README's
 simulator section).
@@ -285,6 +286,14 @@ class _HiddenDeviceModule:
 _registered: list[bool] = []
 
 
+def _refuse_compile(*args: Any, **kwargs: Any) -> Any:
+    """`torch.compile` in a simulated GPU rank: refused by name (it would fail deep inside the compiler)."""
+    raise SimulatedDeviceError(
+        "torch.compile is not available on a simulated GPU: its compilers generate code for a real GPU. "
+        "Compile only on real hardware (in simulated GPU ranks ACCEL_BACKEND is 'sim_cuda'), or simulate 'cpu'."
+    )
+
+
 def _record_stream(original: Callable[..., Any]) -> Callable[..., Any]:
     def record_stream(self: torch.Tensor, stream: Any) -> None:
         """`Tensor.record_stream`: with one stream per simulated GPU there is nothing to record."""
@@ -318,6 +327,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         torch_internals.allow_foreach(cuda_tensor.SimCudaTensor)
         cuda_group.register()
         torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]
+        torch.compile = _refuse_compile  # same call, refused
         _registered.append(True)
     cuda_tensor.set_device_count(count)
     for name, replacement in _patches().items():
