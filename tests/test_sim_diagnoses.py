@@ -106,6 +106,17 @@ def store_keys_after_tasks():
     return counts
 
 
+def late_rank_one():
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        time.sleep(3)
+    dist.all_reduce(torch.ones(1))
+
+
 def debug_level():
     import torch.distributed as dist
 
@@ -234,6 +245,16 @@ def test_torch_distributed_debug_of_the_launch_environment_reaches_the_ranks(mon
     # torch reads it at import, which the fork server did with its own environment
     monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
     assert launch(debug_level, world_size=2, isolated=True) == ["DETAIL", "DETAIL"]
+
+
+def test_the_check_waits_for_peers_no_longer_than_its_timeout(monkeypatch):
+    monkeypatch.setenv("ACCEL_SIM_CHECK_TIMEOUT", "1")
+    with pytest.raises(DistributedFailure) as info:
+        launch(late_rank_one, world_size=2, isolated=True, timeout=60)
+    failure = info.value.failures[0]
+    assert failure.exc_type == "TimeoutError"
+    assert failure.message.startswith("rank 0 waited 1 s for rank 1 to reach collective #1 of group default")
+    assert "ACCEL_SIM_CHECK_TIMEOUT" in failure.message
 
 
 # -- deadlock ----------------------------------------------------------------------------

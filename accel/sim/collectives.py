@@ -46,8 +46,15 @@ from accel.sim.deadlock import BOARD_SIZE, board_path, ranges
 from accel.sim.failures import CollectiveMismatch
 
 #: seconds a rank waits for its peers' signatures before giving up (the parent's
-#: deadlock check and the task's timeout usually end the wait much earlier)
-CHECK_TIMEOUT = float(os.environ.get("ACCEL_SIM_CHECK_TIMEOUT", "1800"))
+#: deadlock check and the task's timeout usually end the wait much earlier); the
+#: launch's environment may say otherwise (ACCEL_SIM_CHECK_TIMEOUT)
+CHECK_TIMEOUT = 1800.0
+
+
+def check_timeout() -> float:
+    """Seconds a rank waits in the check for its peers (ACCEL_SIM_CHECK_TIMEOUT, default 1800)."""
+    return float(os.environ.get("ACCEL_SIM_CHECK_TIMEOUT", CHECK_TIMEOUT))
+
 
 #: collective -> (tensor arguments whose shape and dtype must agree, other arguments that must agree)
 RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -169,9 +176,10 @@ class _Watch:
         try:
             values = store.multi_get([key + str(rank) for rank in peers])
         except dist.DistStoreError as error:
+            who = f"{'rank' if len(peers) == 1 else 'ranks'} {ranges(peers)}"
             raise TimeoutError(
-                f"rank {self.rank} waited {CHECK_TIMEOUT:g} s for ranks {ranges(peers)} to reach collective "
-                f"#{seq} of group {group_name} ({name}); set ACCEL_SIM_CHECK_TIMEOUT to wait longer"
+                f"rank {self.rank} waited {check_timeout():g} s for {who} to reach collective #{seq} of group "
+                f"{group_name} ({name}); set ACCEL_SIM_CHECK_TIMEOUT to wait longer"
             ) from error
         signatures = {self.rank: signature, **{rank: value.decode() for rank, value in zip(peers, values, strict=True)}}
         if len(set(signatures.values())) == 1:
@@ -190,7 +198,7 @@ class _Watch:
                     os.environ["MASTER_ADDR"],
                     int(os.environ["MASTER_PORT"]),
                     is_master=False,
-                    timeout=datetime.timedelta(seconds=CHECK_TIMEOUT),
+                    timeout=datetime.timedelta(seconds=check_timeout()),
                     wait_for_workers=False,
                 )
             self.prefix_store = dist.PrefixStore(f"accel-check/{self.task}/", self.store)
