@@ -258,6 +258,11 @@ class Accelerator:
         return self.dataloader_config.use_seedable_sampler
 
     @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether prepared loaders load through torchdata's StatefulDataLoader (saved by `save_state`)."""
+        return self.dataloader_config.use_stateful_dataloader
+
+    @property
     def non_blocking(self) -> bool:
         """Whether batches are copied to the device asynchronously."""
         return self.dataloader_config.non_blocking
@@ -536,15 +541,16 @@ class Accelerator:
         return skip_first_batches(dataloader, num_batches=num_batches)
 
     def unwrap_model(
-        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = False
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> torch.nn.Module:
-        """The user's module inside the wrappers added by `prepare` (DDP) and by `torch.compile`."""
+        """The user's module inside the wrappers added by `prepare` (DDP), and inside `torch.compile`'s
+        wrapper with `keep_torch_compile=False` (kept by default, as in Accelerate)."""
         return extract_model_from_parallel(
             model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
         )
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """The state dict of `model` without the wrappers' key prefixes."""
+        """The state dict of `model` without DDP's key prefix (`unwrap_model`: a compiled model keeps its own)."""
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
     # -- the training step -------------------------------------------------------------------
@@ -744,7 +750,8 @@ class Accelerator:
         if any(p.device.type == "meta" for p in model.parameters()):
             raise RuntimeError("save_model: some parameters are on the meta device (not materialised); load them first")
         write_model_weights(
-            self.get_state_dict(model),
+            # bare names, also for a torch.compile'd model: what from_pretrained & co. expect
+            self.unwrap_model(model, keep_torch_compile=False).state_dict(),
             os.fspath(save_directory),
             max_shard_size=max_shard_size,
             safe_serialization=safe_serialization,
@@ -894,7 +901,8 @@ class Accelerator:
             hook(models, input_dir)
         states = checkpointing.load_checkpoint(
             input_dir,
-            models=models,
+            # the bare modules: saved names with or without wrapper prefixes match theirs
+            models=[self.unwrap_model(m, keep_torch_compile=False) for m in models],
             optimizers=self._optimizers,
             schedulers=self._schedulers,
             dataloaders=self._dataloaders,

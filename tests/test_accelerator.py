@@ -370,7 +370,8 @@ def test_prepare_keeps_torch_compile_around_the_model():
     compiled = torch.compile(model, backend="eager")
     prepared = acc.prepare(compiled)
     assert prepared is compiled
-    assert acc.unwrap_model(prepared) is model
+    assert acc.unwrap_model(prepared) is compiled  # as Accelerate: the compiled wrapper is kept by default
+    assert acc.unwrap_model(prepared, keep_torch_compile=False) is model
     assert prepared(torch.randn(2, 4)).dtype == torch.float32
 
 

@@ -63,3 +63,25 @@ def test_pickled_checkpoint_is_found_when_there_is_no_safetensors_file(tmp_path)
     assert torch.equal(model[0].weight, expected)
     with pytest.raises(TypeError, match="DeepSpeed"):
         acc.save_state(tmp_path / "other", exclude_frozen_parameters=True)
+
+
+def test_compiled_model_checkpoint_keeps_compile_names_and_save_model_writes_bare_names(tmp_path):
+    from safetensors.torch import load_file
+
+    acc = Accelerator()
+    model = acc.prepare(torch.compile(_net(), backend="eager"))
+    acc.save_state(tmp_path / "ckpt")
+    # as Accelerate (unwrap_model keeps torch.compile's wrapper by default): `_orig_mod.` names
+    assert sorted(load_file(tmp_path / "ckpt" / "model.safetensors")) == [
+        "_orig_mod.0.bias",
+        "_orig_mod.0.weight",
+        "_orig_mod.1.bias",
+        "_orig_mod.1.weight",
+    ]
+    expected = model._orig_mod[0].weight.detach().clone()
+    with torch.no_grad():
+        model._orig_mod[0].weight.zero_()
+    acc.load_state(tmp_path / "ckpt")
+    assert torch.equal(model._orig_mod[0].weight, expected)
+    acc.save_model(model, tmp_path / "export")
+    assert sorted(load_file(tmp_path / "export" / "model.safetensors")) == ["0.bias", "0.weight", "1.bias", "1.weight"]
