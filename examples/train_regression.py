@@ -94,7 +94,7 @@ def main() -> int:
     weight = learned.weight.detach().cpu().reshape(-1).tolist()
     bias = learned.bias.item()
     ok = (
-        all(abs(w - t) < 0.05 for w, t in zip(weight, TRUE_WEIGHT))
+        all(abs(w - t) < 0.05 for w, t in zip(weight, TRUE_WEIGHT, strict=True))
         and abs(bias - TRUE_BIAS) < 0.05
         and len(predictions) == len(eval_set)
     )
