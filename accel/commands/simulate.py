@@ -94,6 +94,7 @@ def _attempts(script: str, args: argparse.Namespace, env: dict[str, str], world_
         }
         try:
             with _interruptible():
+                _start_fork_server()
                 _launch(script, args, attempt_env, world_size, timeout, faults if attempt == 0 else ())
             return 0
         except KeyboardInterrupt:
@@ -146,27 +147,69 @@ class _interruptible:
     """Ctrl-C (SIGINT) or SIGTERM raise KeyboardInterrupt once; later ones wait until the ranks are stopped.
 
     The ranks run in process groups of their own (the terminal's Ctrl-C reaches only
-    us): the launch's clean-up kills them.
+    us): the launch's clean-up kills them. A signal that arrives while a rank process is
+    being requested from the fork server is acted on once that request is answered, or
+    the rank would be started after the clean-up, unknown to it.
     """
 
     #: the signal that interrupted the last launch (None: none did)
     received: int | None = None
+    #: how soon a deferred signal is looked at again (seconds)
+    RETRY = 0.05
 
     def __enter__(self) -> None:
         _interruptible.received = None
-        self._previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        for sig in self._previous:
+        self._deferred: int | None = None
+        self._previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
+        for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._interrupt)
+        signal.signal(signal.SIGALRM, self._retry)
 
     def _interrupt(self, signum: int, frame: Any) -> None:
+        if _requesting_a_process(frame):
+            self._deferred = signum
+            signal.setitimer(signal.ITIMER_REAL, self.RETRY)
+            return
         _interruptible.received = signum
-        for sig in self._previous:
+        for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         raise KeyboardInterrupt
 
+    def _retry(self, signum: int, frame: Any) -> None:
+        if self._deferred is not None:
+            self._interrupt(self._deferred, frame)
+
     def __exit__(self, *exc: object) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def _requesting_a_process(frame: Any) -> bool:
+    """Whether `frame` is inside multiprocessing's request for a new process to the fork server."""
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(("popen_forkserver.py", "multiprocessing/forkserver.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _start_fork_server() -> None:
+    """Start the fork server (and multiprocessing's resource tracker) with Ctrl-C ignored.
+
+    They are in our process group, so the terminal's Ctrl-C reaches them too; the fork
+    server ignores it only once it has imported torch (seconds), and would print a
+    traceback of its start-up before that. A new program inherits an ignored signal, so
+    they ignore it from their first instruction on. Here it is ignored only while they
+    are spawned (milliseconds: starting them does not wait for their imports).
+    """
+    from accel.sim import forking
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        forking.warm_up()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _quiet_resource_tracker() -> None:
