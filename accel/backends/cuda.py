@@ -62,5 +62,10 @@ class CUDABackend(Backend):
             # a checkpoint from a machine with more GPUs: this one restores the devices it has
             torch.cuda.set_rng_state_all(list(saved)[: torch.cuda.device_count()])
 
+    def barrier(self) -> None:
+        # NCCL's barrier is an all-reduce on a GPU: name this process's, or torch guesses
+        # one (with a warning) and may set up a communicator on the wrong device.
+        torch.distributed.barrier(device_ids=[torch.cuda.current_device()])
+
     def ddp_device_ids(self, device: torch.device) -> list[int] | None:
         return [device.index] if device.type == "cuda" else None

@@ -250,3 +250,19 @@ def test_send_recv_on_one_gpu_fail_as_nccl_does(rank):
             dist.send(t, 1)
         else:
             dist.recv(t, 0)
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_accel_barrier_names_this_ranks_gpu(rank):
+    import warnings
+
+    import torch.distributed as dist
+
+    from accel.state import PartialState
+
+    state = PartialState()
+    assert dist.get_backend() == "nccl" and state.device == torch.device("cuda", rank)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when a NCCL barrier has to guess its GPU
+        state.wait_for_everyone()
+    assert dist.group.WORLD.gpu == rank  # the communicator was set up on this rank's GPU
