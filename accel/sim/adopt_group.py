@@ -18,6 +18,9 @@ unchanged:
   fresh group (each group of a rank rendezvouses under a key prefix of its own, so
   nothing of an earlier group is read again).
 
+An adopted group keeps the simulator's timeout: a `timeout=` given to the adopting call
+is not applied (the launch's own timeout still bounds every wait).
+
 `restore()` (run before every task, from `accel.sim.devices.reset_rank`) puts the
 simulator's group back if the previous task replaced it. `dist.get_backend()` names a
 group by what the script asked for. Installed in simulated ranks only.

@@ -24,7 +24,8 @@ def _torchrun_variables():
 
     names = set(re.findall(r'"([A-Z][A-Z_]+)":', inspect.getsource(LocalElasticAgent._start_workers)))
     assert {"RANK", "WORLD_SIZE", "MASTER_PORT", "TORCHELASTIC_RUN_ID"} <= names, names  # the parse still works
-    return names | {"LOCAL_RANK", "TORCHELASTIC_ERROR_FILE"}  # set by helpers the agent calls
+    # set by helpers the agent calls, and by torchrun's launcher for the agent (inherited)
+    return names | {"LOCAL_RANK", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
 
 
 @distributed_test(world_size=SIZES, device=DEVICES)
