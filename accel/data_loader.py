@@ -372,6 +372,10 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         return DeviceLoaderWrapper(inner, _partial_state().hardware.wrap_dataloader(inner, device), device)
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"skip_first_batches() takes a DataLoader, got {type(dataloader).__name__}")
+    # Resuming by hand, Accelerate's way (load_state, then skip_first_batches for the rest of that
+    # epoch): the position load_state restored must not shorten the loader's next pass as well.
+    if getattr(dataloader, "_resume", None) is not None:
+        dataloader._resume = None
     dataset = dataloader.dataset
     kwargs = loader_kwargs(dataloader)
     map_style = not isinstance(dataset, IterableDataset)

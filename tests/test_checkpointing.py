@@ -85,3 +85,23 @@ def test_compiled_model_checkpoint_keeps_compile_names_and_save_model_writes_bar
     assert torch.equal(model._orig_mod[0].weight, expected)
     acc.save_model(model, tmp_path / "export")
     assert sorted(load_file(tmp_path / "export" / "model.safetensors")) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+
+
+def test_resuming_by_hand_with_skip_first_batches_leaves_the_next_epoch_whole(tmp_path):
+    def run(load):
+        from accel.state import reset_state
+
+        reset_state()
+        acc = Accelerator()
+        loader = acc.prepare(torch.utils.data.DataLoader(list(range(8)), batch_size=2))
+        if load:
+            acc.load_state(tmp_path)
+            # Accelerate's resume pattern: skip the batches already seen, then whole epochs
+            return [[b.tolist() for b in acc.skip_first_batches(loader, 2)], [b.tolist() for b in loader]]
+        for i, _ in enumerate(loader):
+            if i == 1:
+                acc.save_state(tmp_path)
+        return None
+
+    run(load=False)
+    assert run(load=True) == [[[4, 5], [6, 7]], [[0, 1], [2, 3], [4, 5], [6, 7]]]
