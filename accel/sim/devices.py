@@ -6,8 +6,9 @@ launcher's environment variables are set, before `PartialState()`), and
 accel's registry, named by `ACCEL_BACKEND`, plus whatever the user's code must see:
 
 * "cpu": the real CPU backend, nothing faked.
-* "cuda": `accel.sim.fake_cuda` — the real CUDA backend on CPU tensors and Gloo, and
-  `torch.cuda` answering as on a host with LOCAL_WORLD_SIZE GPUs.
+* "cuda": `accel.sim.fake_cuda` — LOCAL_WORLD_SIZE simulated GPUs whose CUDA tensors
+  live in host memory, `torch.cuda` answering as on a GPU host, and the real CUDA
+  backend on them with a "nccl" group carried by Gloo.
 * "xla": the stand-in `torch_xla` package in `fake_xla/`, put first on `sys.path` of
   this process only, so that the real XLA backend imports it as it would on a TPU.
 """
