@@ -151,3 +151,28 @@ def test_only_the_main_process_logs(tmp_path, rank, world_size):
     assert len([f for f in os.listdir(tmp_path / "run") if f.startswith("events.out")]) == 1
     scalars, _ = _read_events(tmp_path / "run")
     assert scalars["loss"] == [(0, 0.0), (1, 1.0), (2, 2.0)]
+
+
+def test_tensorboard_output_matches_accelerate(tmp_path):
+    import accelerate
+    from accelerate.state import AcceleratorState, GradientState
+
+    from accel.state import reset_state
+
+    def run(library, folder):
+        acc = library.Accelerator(log_with="tensorboard", project_dir=str(folder))
+        acc.init_trackers("run", config={"lr": 0.5})
+        for step in range(3):
+            acc.log({"loss": 1.0 / (step + 1), "note": f"step {step}"}, step=step)
+        acc.end_training()
+
+    run(accelerate, tmp_path / "theirs")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    reset_state()
+    run(__import__("accel"), tmp_path / "ours")
+    ours = _read_events(tmp_path / "ours" / "run")
+    assert ours == _read_events(tmp_path / "theirs" / "run")
+    assert ours[0]["loss"] == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]
+    assert ours[1]["note/text_summary"] == ["step 0", "step 1", "step 2"]
+    assert len(_event_dirs(tmp_path / "ours")) == len(_event_dirs(tmp_path / "theirs")) == 2  # run + hparams
