@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 
 from harness import distributed_test
@@ -65,23 +66,21 @@ def test_save_writes_once_and_save_state_writes_every_rank(rank, world_size, tmp
     assert torch.equal(torch.rand(3), expected)
 
 
+@pytest.mark.parametrize("sync_each_batch", [False, True])
 @distributed_test(world_size=2, device=["cpu", "cuda"])
-def test_accumulate_skips_ddp_sync_inside_a_window_unless_sync_each_batch(rank):
+def test_accumulate_skips_ddp_sync_inside_a_window_unless_sync_each_batch(rank, sync_each_batch):
     from accel.accelerator import Accelerator
-    from accel.state import reset_state
     from accel.utils.dataclasses import GradientAccumulationPlugin
 
-    for sync_each_batch in (False, True):
-        reset_state()
-        acc = Accelerator(
-            gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2, sync_each_batch=sync_each_batch)
-        )
-        model = acc.prepare(_model())
-        seen = []
-        for _ in range(4):
-            with acc.accumulate(model):
-                seen.append((acc.sync_gradients, model.require_backward_grad_sync))
-                acc.backward(model(torch.randn(2, 4, device=acc.device)).sum())
-        window = [False, True, False, True]
-        assert [s for s, _ in seen] == window
-        assert [d for _, d in seen] == ([True] * 4 if sync_each_batch else window)
+    acc = Accelerator(
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2, sync_each_batch=sync_each_batch)
+    )
+    model = acc.prepare(_model())
+    seen = []
+    for _ in range(4):
+        with acc.accumulate(model):
+            seen.append((acc.sync_gradients, model.require_backward_grad_sync))
+            acc.backward(model(torch.randn(2, 4, device=acc.device)).sum())
+    window = [False, True, False, True]
+    assert [s for s, _ in seen] == window
+    assert [d for _, d in seen] == ([True] * 4 if sync_each_batch else window)

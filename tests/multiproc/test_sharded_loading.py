@@ -2,6 +2,7 @@
 
 import itertools
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -93,23 +94,25 @@ def test_dispatcher_uses_the_given_slice_function(rank, world_size):
     assert [_values(b) for b in loader] == [[20.0 * rank, 20.0 * rank + 10]]
 
 
+@pytest.mark.parametrize(
+    "options", [{"rng_types": ["generator"]}, {"use_seedable_sampler": True}, {"rng_types": []}], ids=str
+)
 @distributed_test(world_size=SIZES, device=DEVICES)
-def test_shuffling_is_identical_across_ranks(rank, world_size):
+def test_shuffling_is_identical_across_ranks(rank, world_size, options):
     from accel.data_loader import prepare_data_loader
     from accel.utils import gather_object
 
     length = 6 * world_size
     torch.manual_seed(100 + rank)  # different global seeds: the loader must still agree with itself
-    for options in ({"rng_types": ["generator"]}, {"use_seedable_sampler": True}, {"rng_types": []}):
-        loader = prepare_data_loader(DataLoader(list(range(length)), batch_size=3, shuffle=True), **options)
-        orders = []
-        for epoch in range(2):
-            loader.set_epoch(epoch)
-            mine = [i for batch in loader for i in _values(batch)]
-            everyone = gather_object([mine])
-            assert sorted(i for part in everyone for i in part) == list(range(length)), options
-            orders.append(everyone)
-        assert orders[0] != orders[1], options
+    loader = prepare_data_loader(DataLoader(list(range(length)), batch_size=3, shuffle=True), **options)
+    orders = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        mine = [i for batch in loader for i in _values(batch)]
+        everyone = gather_object([mine])
+        assert sorted(i for part in everyone for i in part) == list(range(length))
+        orders.append(everyone)
+    assert orders[0] != orders[1]
 
 
 @distributed_test(world_size=SIZES, device=DEVICES)
@@ -142,31 +145,40 @@ def _check_gathered(rank, gathered, expected, case):
         assert gathered == expected[: len(gathered)] and len(gathered) >= len(expected) - 2 * len(expected) // 3, case
 
 
-@distributed_test(world_size=SIZES, device=DEVICES, timeout=120)
-def test_gather_for_metrics_is_exact_in_every_configuration(rank, world_size):
+#: every combination of (iterable, dispatch, split, even, drop), one test case each
+LOADER_CONFIGURATIONS = list(itertools.product([False, True], repeat=5))
+
+
+def _configuration_id(flags):
+    names = ("iterable", "dispatch", "split", "even", "drop")
+    return "-".join(name if on else f"no_{name}" for name, on in zip(names, flags, strict=True))
+
+
+@pytest.mark.parametrize("configuration", LOADER_CONFIGURATIONS, ids=_configuration_id)
+@distributed_test(world_size=SIZES, device=DEVICES)
+def test_gather_for_metrics_is_exact_in_every_configuration(rank, world_size, configuration):
     from accel.data_loader import prepare_data_loader
     from accel.utils.metrics import gather_for_metrics
 
+    iterable, dispatch, split, even, drop = configuration
     batch = 2
-    for iterable, dispatch, split, even, drop in itertools.product([False, True], repeat=5):
-        per_batch = batch * world_size if split else batch
-        global_batch = batch * world_size
-        for length in (2 * global_batch, 2 * global_batch + 1, 3 * global_batch - 1):
-            loader = prepare_data_loader(
-                _source(iterable, length, per_batch, drop),
-                split_batches=split,
-                dispatch_batches=dispatch,
-                even_batches=even,
-                put_on_device=True,
-            )
-            tensors, objects = [], []
-            for values in loader:
-                tensors.append(gather_for_metrics({"v": values})["v"])
-                objects.extend(gather_for_metrics([int(v) for v in values.tolist()], use_gather_object=True))
-            case = dict(iterable=iterable, dispatch=dispatch, split=split, even=even, drop=drop, length=length)
-            expected = _expected(length, global_batch, drop)
-            _check_gathered(rank, torch.cat(tensors).tolist(), expected, case)
-            _check_gathered(rank, objects, [int(v) for v in expected], case)
+    per_batch = batch * world_size if split else batch
+    global_batch = batch * world_size
+    for length in (2 * global_batch, 2 * global_batch + 1, 3 * global_batch - 1):
+        loader = prepare_data_loader(
+            _source(iterable, length, per_batch, drop),
+            split_batches=split,
+            dispatch_batches=dispatch,
+            even_batches=even,
+            put_on_device=True,
+        )
+        tensors, objects = [], []
+        for values in loader:
+            tensors.append(gather_for_metrics({"v": values})["v"])
+            objects.extend(gather_for_metrics([int(v) for v in values.tolist()], use_gather_object=True))
+        expected = _expected(length, global_batch, drop)
+        _check_gathered(rank, torch.cat(tensors).tolist(), expected, length)
+        _check_gathered(rank, objects, [int(v) for v in expected], length)
 
 
 @distributed_test(world_size=SIZES, device=DEVICES)
@@ -191,53 +203,53 @@ def test_uneven_last_batches_with_even_batches_off(rank, world_size):
     assert shares[0] == [[0, 1], [2 * world_size]] and all(len(s) == 1 for s in shares[1:])
 
 
+@pytest.mark.parametrize("even", [True, False])
 @distributed_test(world_size=SIZES, device=DEVICES)
-def test_accelerator_gather_for_metrics_with_uneven_ends(rank, world_size):
+def test_accelerator_gather_for_metrics_with_uneven_ends(rank, world_size, even):
     from accel import Accelerator, DataLoaderConfiguration
 
-    for even in (True, False):
-        accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(even_batches=even))
-        loader = accelerator.prepare(DataLoader(torch.arange(5 * world_size + 1), batch_size=2))
-        gathered = [accelerator.gather_for_metrics(b) for b in loader]
-        _check_gathered(rank, torch.cat(gathered).tolist(), list(range(5 * world_size + 1)), even)
-        if even:
-            assert torch.cat(gathered).tolist() == list(range(5 * world_size + 1))
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(even_batches=even))
+    loader = accelerator.prepare(DataLoader(torch.arange(5 * world_size + 1), batch_size=2))
+    gathered = [accelerator.gather_for_metrics(b) for b in loader]
+    _check_gathered(rank, torch.cat(gathered).tolist(), list(range(5 * world_size + 1)), even)
+    if even:
+        assert torch.cat(gathered).tolist() == list(range(5 * world_size + 1))
 
 
+@pytest.mark.parametrize("dispatch", [False, True])
 @distributed_test(world_size=SIZES, device=DEVICES)
-def test_skip_first_batches_lands_on_the_right_batch(rank, world_size):
+def test_skip_first_batches_lands_on_the_right_batch(rank, world_size, dispatch):
     from accel.data_loader import DataLoaderDispatcher, DataLoaderShard, prepare_data_loader, skip_first_batches
 
-    for dispatch in (False, True):
-        loader = prepare_data_loader(DataLoader(list(range(10 * world_size)), batch_size=2), dispatch_batches=dispatch)
-        full = [_values(b) for b in loader]
-        skipped = skip_first_batches(loader, 3)
-        assert isinstance(skipped, DataLoaderDispatcher if dispatch else DataLoaderShard)
-        assert [_values(b) for b in skipped] == full[3:], dispatch
+    loader = prepare_data_loader(DataLoader(list(range(10 * world_size)), batch_size=2), dispatch_batches=dispatch)
+    full = [_values(b) for b in loader]
+    skipped = skip_first_batches(loader, 3)
+    assert isinstance(skipped, DataLoaderDispatcher if dispatch else DataLoaderShard)
+    assert [_values(b) for b in skipped] == full[3:]
 
 
+@pytest.mark.parametrize("dispatch", [False, True])
+@pytest.mark.parametrize("iterable", [False, True])
 @distributed_test(world_size=SIZES, device=DEVICES)
-def test_state_dict_resumes_on_the_next_batch(rank, world_size):
+def test_state_dict_resumes_on_the_next_batch(rank, world_size, dispatch, iterable):
     from accel.data_loader import prepare_data_loader
 
-    for dispatch, iterable in ((False, False), (True, False), (False, True), (True, True)):
+    def make():
+        data = Stream(12 * world_size) if iterable else list(range(12 * world_size))
+        return prepare_data_loader(
+            DataLoader(data, batch_size=2, shuffle=not iterable), dispatch_batches=dispatch, rng_types=["generator"]
+        )
 
-        def make(iterable=iterable, dispatch=dispatch):
-            data = Stream(12 * world_size) if iterable else list(range(12 * world_size))
-            return prepare_data_loader(
-                DataLoader(data, batch_size=2, shuffle=not iterable), dispatch_batches=dispatch, rng_types=["generator"]
-            )
-
-        loader = make()
-        list(loader)
-        iterator = iter(loader)
-        for _ in range(2):
-            next(iterator)
-        state = loader.state_dict()
-        tail = [_values(b) for b in iterator]
-        resumed = make()
-        resumed.load_state_dict(state)
-        assert [_values(b) for b in resumed] == tail, (dispatch, iterable)
+    loader = make()
+    list(loader)
+    iterator = iter(loader)
+    for _ in range(2):
+        next(iterator)
+    state = loader.state_dict()
+    tail = [_values(b) for b in iterator]
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [_values(b) for b in resumed] == tail
 
 
 @distributed_test(world_size=2, device=DEVICES)
