@@ -145,7 +145,7 @@ def main() -> None:
         session_walls.append(wall)
         warm_medians.append(statistics.median(warm))
         isolated_medians.append(statistics.median(isolated))
-        ratios.append(statistics.median(i / w for w, i in zip(warm, isolated)))
+        ratios.append(statistics.median(i / w for w, i in zip(warm, isolated, strict=True)))
         print(
             f"round {round_index + 1}: first test {first[0]:.2f} s, warm {warm_medians[-1] * 1e3:.1f} ms/test, "
             f"isolated {isolated_medians[-1] * 1e3:.1f} ms/test, session {wall:.1f} s"
@@ -157,12 +157,9 @@ def main() -> None:
     print(f"  warm ranks (pytest harness)          {statistics.median(warm_medians) * 1e3:8.1f} ms")
     print(f"  fresh ranks per test (isolated=True) {statistics.median(isolated_medians) * 1e3:8.1f} ms")
     print(f"  fresh / warm, median of pairs        {statistics.median(ratios):8.1f} x")
-    print(
-        f"  first test of a session (cold)       {statistics.median(cold):8.2f} s  (fork server, torch import, first pool)"
-    )
-    print(
-        f"  whole session ({1 + 2 * args.tests} tests)             {statistics.median(session_walls):8.2f} s  (includes pytest start)"
-    )
+    cold_s, session_s = statistics.median(cold), statistics.median(session_walls)
+    print(f"  first test of a session (cold)       {cold_s:8.2f} s  (fork server, torch import, first pool)")
+    print(f"  whole session ({1 + 2 * args.tests} tests)             {session_s:8.2f} s  (includes pytest start)")
     print(f"  accel.sim.launch alone, warm         {launch_ms:8.1f} ms")
 
 

@@ -172,7 +172,8 @@ def test_lists_parametrize_and_fixtures_reach_every_rank(pytester):
             state = PartialState()
             assert state.process_index == rank == local_rank == int(os.environ["RANK"])
             assert state.num_processes == world_size == dist.get_world_size()
-            assert os.environ["ACCEL_BACKEND"] in {"cpu": ("cpu",), "cuda": ("sim_cuda", "cuda"), "xla": ("xla",)}[device]
+            backends = {"cpu": ("cpu",), "cuda": ("sim_cuda", "cuda"), "xla": ("xla",)}
+            assert os.environ["ACCEL_BACKEND"] in backends[device]
             assert letter in "ab"
             (tmp_path / f"rank{rank}").write_text(letter)
             dist.barrier()
