@@ -26,7 +26,25 @@ CPU_ENV = "ACCEL_USE_CPU"
 MIXED_PRECISION_ENV = "ACCEL_MIXED_PRECISION"
 
 
-class PartialState:
+class _Topology:
+    """The shared topology attributes, declared once for readers and type checkers.
+
+    `PartialState._setup` sets them; `AcceleratorState` reads them through to `PartialState`.
+    """
+
+    hardware: Backend
+    process_index: int
+    num_processes: int
+    local_process_index: int
+    num_processes_per_node: int
+    device: torch.device
+    distributed_type: DistributedType
+    debug: bool
+    adopted_process_group: bool
+    fork_launched: bool
+
+
+class PartialState(_Topology):
     """Process topology and control, without anything training-specific.
 
     Reads the variables that `torchrun` (PyTorch's elastic launcher) sets, initialises
@@ -41,18 +59,6 @@ class PartialState:
     """
 
     _shared_state: dict[str, Any] = {}
-
-    # The shared attributes, declared for readers and type checkers; `_setup` sets them.
-    hardware: Backend
-    process_index: int
-    num_processes: int
-    local_process_index: int
-    num_processes_per_node: int
-    device: torch.device
-    distributed_type: DistributedType
-    debug: bool
-    adopted_process_group: bool
-    fork_launched: bool
 
     def __init__(self, cpu: bool = False, debug: bool | None = None, **kwargs: Any) -> None:
         self.__dict__ = self._shared_state
@@ -251,7 +257,7 @@ def split_inputs(inputs: Any, num_processes: int, process_index: int, apply_padd
     return type(inputs)(list(share) + [filler] * missing)
 
 
-class AcceleratorState:
+class AcceleratorState(_Topology):
     """`PartialState` plus what training needs (mixed precision); its attributes include all
     of `PartialState`'s.
 
@@ -266,15 +272,7 @@ class AcceleratorState:
     partial: PartialState
     _mixed_precision: str
     initialized: bool
-    # Read through to PartialState (see __getattr__); declared for type checkers.
-    hardware: Backend
-    process_index: int
-    num_processes: int
-    local_process_index: int
-    num_processes_per_node: int
-    device: torch.device
-    distributed_type: DistributedType
-    debug: bool
+    # Read through to PartialState (see __getattr__), like the topology; declared for type checkers.
     use_distributed: bool
     is_main_process: bool
     is_local_main_process: bool

@@ -44,18 +44,13 @@ def _finished(work: Any, result: Any) -> Any:
 _ProcessGroup: Any = dist.ProcessGroup
 
 
-class SimCudaGroup(_ProcessGroup):
-    """Collectives on simulated CUDA (and CPU) tensors, carried by a Gloo group of the same ranks."""
+class PythonGroup(_ProcessGroup):
+    """Base of the simulator's process groups written in Python.
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
-        super().__init__(rank, size)
-        self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
+    Such a group has no C++ backend to keep its name and description in (torch's getter
+    would raise "ProcessGroup name not set", e.g. for a subgroup): it keeps them itself.
+    """
 
-    def getBackendName(self) -> str:  # noqa: N802  (torch's name)
-        return BACKEND_NAME
-
-    # A Python group has no C++ backend to keep its name in (torch's getter would raise
-    # "ProcessGroup name not set", e.g. for a subgroup): it keeps them itself.
     def _set_group_name(self, name: str) -> None:
         self._group_name = name
 
@@ -69,6 +64,17 @@ class SimCudaGroup(_ProcessGroup):
     @property
     def group_desc(self) -> str:
         return getattr(self, "_group_desc", "")
+
+
+class SimCudaGroup(PythonGroup):
+    """Collectives on simulated CUDA (and CPU) tensors, carried by a Gloo group of the same ranks."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)
+        self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    def getBackendName(self) -> str:  # noqa: N802  (torch's name)
+        return BACKEND_NAME
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         return _finished(self._gloo.allreduce(_cpu(tensors), opts or dist.AllreduceOptions()), tensors)

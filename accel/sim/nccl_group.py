@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
 from accel.sim import cuda_state, torch_internals
+from accel.sim.cuda_group import PythonGroup
 from accel.sim.cuda_tensor import is_simulated_cuda, unwrap
 
 #: the name torch knows this backend by
@@ -76,12 +77,7 @@ def _unwrapped(items: Any) -> Any:
     return type(items)(_unwrapped(item) for item in items)
 
 
-#: the base class, typed loosely: torch's stubs declare its methods with overloads that a
-#: Python process group need not repeat
-_ProcessGroup: Any = dist.ProcessGroup
-
-
-class SimNcclGroup(_ProcessGroup):
+class SimNcclGroup(PythonGroup):
     """NCCL's behaviour over a Gloo backend (see the module docstring)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
@@ -94,22 +90,6 @@ class SimNcclGroup(_ProcessGroup):
 
     def getBackendName(self) -> str:  # noqa: N802  (torch's name for it)
         return NCCL
-
-    # A Python group has no C++ backend to keep its name in (torch's getter would raise
-    # "ProcessGroup name not set"): it keeps them itself.
-    def _set_group_name(self, name: str) -> None:
-        self._group_name = name
-
-    @property
-    def group_name(self) -> str:
-        return getattr(self, "_group_name", "")
-
-    def _set_group_desc(self, desc: str) -> None:
-        self._group_desc = desc
-
-    @property
-    def group_desc(self) -> str:
-        return getattr(self, "_group_desc", "")
 
     # -- the communicator: one GPU per rank ------------------------------------------------
 
