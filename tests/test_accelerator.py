@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from support import Counter
 
 from accel.accelerator import Accelerator
 from accel.optimizer import AcceleratedOptimizer
@@ -391,17 +392,6 @@ def test_save_is_atomic(tmp_path):
         atomic_save({"w": torch.zeros(2)}, target, crashing_writer)
     assert torch.equal(torch.load(target)["w"], torch.ones(2))
     assert os.listdir(tmp_path) == ["weights.pt"]
-
-
-class Counter:
-    def __init__(self):
-        self.count = 0
-
-    def state_dict(self):
-        return {"count": self.count}
-
-    def load_state_dict(self, state):
-        self.count = state["count"]
 
 
 def _training_setup(acc):

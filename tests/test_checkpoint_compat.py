@@ -13,6 +13,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from support import Counter
 
 from harness import distributed_test
 
@@ -20,19 +21,6 @@ pytest.importorskip("accelerate")  # the reference library, a test-only dependen
 
 SAVED_STEPS = 4  # at the end of a window (accumulated gradients are not part of a checkpoint)
 MORE_STEPS = 5
-
-
-class Counter:
-    """A user object registered for checkpointing."""
-
-    def __init__(self):
-        self.count = 0
-
-    def state_dict(self):
-        return {"count": self.count}
-
-    def load_state_dict(self, state):
-        self.count = state["count"]
 
 
 def _library(name):

@@ -10,9 +10,9 @@ stall a rank.
 import os
 import re
 import signal
-import time
 
 import pytest
+from support import process_gone
 
 pytest_plugins = ["pytester"]
 
@@ -107,17 +107,6 @@ def _failure_section(output: str, test_name: str) -> str:
     return match.group(1)
 
 
-def _gone(pid: int, within: float = 15.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _assert_nothing_left_running(pytester, fork_servers: bool) -> None:
     """Every rank is gone; with `fork_servers`, so are the fork servers they came from.
 
@@ -129,7 +118,7 @@ def _assert_nothing_left_running(pytester, fork_servers: bool) -> None:
         if fork_servers:
             pids.add(int(path.read_text()))
     assert len(pids) >= 2
-    leftovers = [pid for pid in pids if not _gone(pid)]
+    leftovers = [pid for pid in pids if not process_gone(pid)]
     for pid in leftovers:  # do not leak them into the rest of the suite
         os.kill(pid, signal.SIGKILL)
     assert not leftovers

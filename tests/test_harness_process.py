@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from support import process_gone
 
 pytest_plugins = ["pytester"]
 
@@ -116,21 +117,10 @@ def _start_hanging_session(pytester):
     return process, pids
 
 
-def _gone(pid, within=15.0):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
 def test_nothing_is_left_running_when_the_session_is_interrupted_or_killed(pytester, how):
     process, pids = _start_hanging_session(pytester)
-    assert all(not _gone(pid, within=0) for pid in pids)
+    assert all(not process_gone(pid, within=0) for pid in pids)
     process.send_signal(how)
     try:
         process.wait(30)
@@ -139,7 +129,7 @@ def test_nothing_is_left_running_when_the_session_is_interrupted_or_killed(pytes
             process.kill()
     if how == signal.SIGINT:
         assert process.returncode == 2  # pytest's "interrupted"
-    leftovers = [pid for pid in pids if not _gone(pid)]
+    leftovers = [pid for pid in pids if not process_gone(pid)]
     for pid in leftovers:  # do not leak them into the rest of the suite
         os.kill(pid, signal.SIGKILL)
     assert not leftovers

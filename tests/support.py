@@ -1,0 +1,32 @@
+"""Small helpers shared by several test modules (imported as `support`: tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+class Counter:
+    """A user object with a state dict, as registered for checkpointing."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.count = state["count"]
+
+
+def process_gone(pid: int, within: float = 15.0) -> bool:
+    """Whether process `pid` has ended, waiting up to `within` seconds for it to."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
