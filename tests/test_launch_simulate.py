@@ -51,7 +51,11 @@ def _session_processes(session: int) -> list[str]:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
         if fields[0] != "Z" and int(fields[3]) == session:
-            found.append(f"{entry} {stat[: stat.rindex(')') + 1]}")
+            try:
+                command = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                command = ""
+            found.append(f"{entry} {command}")
     return found
 
 
@@ -284,4 +288,23 @@ def test_rich_progress_renders_live_on_a_terminal(tmp_path):
     # rich redraws its line ("\r", erase line) and the prefix comes after the erase code
     assert text.count("\r\x1b[2K[rank 0] work") >= 2, repr(text)
     assert "[rank 1] done" in text
+    _assert_nothing_left(proc.pid)
+
+
+def test_ctrl_c_while_the_ranks_start_is_one_line_too(tmp_path):
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    proc = _start("--simulate", "cpu", "--num_processes", "2", "sleeper.py", cwd=tmp_path)
+    try:
+        # As soon as the fork server exists (it then imports torch for seconds), before any rank ran.
+        deadline = time.monotonic() + 60
+        while not any("forkserver" in line for line in _session_processes(proc.pid)):
+            assert proc.poll() is None and time.monotonic() < deadline, "no fork server started"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = (stream.decode() for stream in proc.communicate(timeout=60))
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert err == "accel launch: interrupted; stopped all 2 ranks\n"
+    assert " pid " not in out
     _assert_nothing_left(proc.pid)

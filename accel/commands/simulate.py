@@ -195,21 +195,25 @@ def _requesting_a_process(frame: Any) -> bool:
 
 
 def _start_fork_server() -> None:
-    """Start the fork server (and multiprocessing's resource tracker) with Ctrl-C ignored.
+    """Start multiprocessing's resource tracker, then the fork server with Ctrl-C blocked.
 
-    They are in our process group, so the terminal's Ctrl-C reaches them too; the fork
+    Both are in our process group, so the terminal's Ctrl-C reaches them too. The fork
     server ignores it only once it has imported torch (seconds), and would print a
-    traceback of its start-up before that. A new program inherits an ignored signal, so
-    they ignore it from their first instruction on. Here it is ignored only while they
-    are spawned (milliseconds: starting them does not wait for their imports).
+    traceback of its start-up before that; it inherits our signal mask, so it is spawned
+    with SIGINT blocked. The resource tracker protects itself the same way, but unblocks
+    SIGINT when it is done, so it is started first, apart. Here a Ctrl-C meanwhile is
+    only held back: it arrives once unblocked.
     """
+    from multiprocessing import resource_tracker
+
     from accel.sim import forking
 
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    resource_tracker.ensure_running()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         forking.warm_up()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _quiet_resource_tracker() -> None:
