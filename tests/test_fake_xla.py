@@ -258,3 +258,18 @@ def test_a_lone_replica_works_in_its_group_of_one(tmp_path):
         "saved": [2.0, 3.0],
         "param": [0.5, 0.5],
     }
+
+
+def accelerate_probe():
+    import accelerate
+
+    state = accelerate.PartialState()
+    value = torch.tensor([float(state.process_index)], device=state.device)
+    return str(state.distributed_type), state.num_processes, accelerate.utils.gather(value).tolist()
+
+
+def test_accelerate_itself_runs_on_simulated_tpu_cores():
+    # The peer's own state set-up (set_replication, supported devices, ordinals) takes its TPU branch.
+    pytest.importorskip("accelerate")
+    seen = launch(accelerate_probe, world_size=2, device="xla", timeout=120)
+    assert seen == [("DistributedType.XLA", 2, [0.0, 1.0])] * 2

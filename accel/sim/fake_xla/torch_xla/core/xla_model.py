@@ -45,6 +45,16 @@ def xla_device(n: int | None = None, devkind: str | None = None) -> torch.device
     return torch.device("cpu")
 
 
+def get_xla_supported_devices(devkind: str | None = None, max_devices: int | None = None) -> list[str]:
+    """The XLA devices this process drives: one per replica under PJRT, as `xla:0`."""
+    devices = ["xla:0"]
+    return devices[:max_devices] if max_devices is not None else devices
+
+
+def set_replication(device: Any, devices: list[Any] | None) -> None:
+    """Nothing to set: under PJRT (and here) each process already drives its one device."""
+
+
 def xla_device_hw(device: Any) -> str:
     """Hardware kind behind `device`: the simulated PJRT device type ("TPU")."""
     return xr.device_type()
