@@ -43,3 +43,37 @@ def test_plain_torchrun_script_on_simulated_gpus_trains_as_on_cpu_ranks(tmp_path
     # the same losses and the same weights, to the last printed digit, on every rank
     assert {(loss, checksum) for *_, loss, checksum in gpu} == {(loss, checksum) for *_, loss, checksum in cpu}
     assert len({(loss, checksum) for *_, loss, checksum in gpu}) == 1
+
+
+FORGETFUL = """
+import os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("nccl")
+if "--pin" in sys.argv:
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+total = torch.ones(1, device="cuda")
+dist.all_reduce(total)
+print(f"rank {dist.get_rank()} on cuda:{torch.cuda.current_device()} total={total.item()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_forgotten_set_device_fails_as_on_gpus(tmp_path):
+    # Each process of a GPU host starts on cuda:0: without set_device(local_rank) both ranks
+    # bring GPU 0 to the NCCL group, which NCCL refuses.
+    script = tmp_path / "forgetful.py"
+    script.write_text(FORGETFUL)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+
+    def run(*args):
+        command = [ACCEL, "launch", "--simulate", "cuda", "--num_processes", "2", str(script), *args]
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+
+    forgot = run()
+    assert forgot.returncode != 0, forgot.stdout + forgot.stderr
+    assert "Duplicate GPU detected" in forgot.stdout + forgot.stderr
+    pinned = run("--pin")
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    assert "rank 0 on cuda:0 total=2.0" in pinned.stdout and "rank 1 on cuda:1 total=2.0" in pinned.stdout

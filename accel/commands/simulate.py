@@ -42,6 +42,9 @@ def run_script(script: str, script_args: list[str], env: dict[str, str], module:
         import torch
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    from accel.sim.devices import as_fresh_process
+
+    as_fresh_process()
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.getcwd() if module else os.path.dirname(os.path.abspath(script)))

@@ -72,6 +72,20 @@ def reset_rank(device: str) -> None:
         os.environ[ENV_VAR] = "xla"
 
 
+def as_fresh_process() -> None:
+    """Put the simulated device as a newly started process finds it, before a script runs.
+
+    `accel launch --simulate` runs a script in a rank the simulator has already set up; on
+    a GPU host a new process starts on `cuda:0` until it calls `torch.cuda.set_device`, so
+    a script that forgets to pin its GPU puts every rank on GPU 0 and fails in its first
+    NCCL collective ("Duplicate GPU detected"), here as on real hardware. (accel's own
+    `PartialState` pins `cuda:LOCAL_RANK`, as on the hardware.)
+    """
+    fake_cuda = sys.modules.get("accel.sim.fake_cuda")  # installed in simulated GPU ranks only
+    if fake_cuda is not None and fake_cuda.is_installed():
+        fake_cuda.reset(local_rank=0)
+
+
 def _install_fake_xla() -> None:
     if FAKE_XLA_PATH not in sys.path:
         sys.path.insert(0, FAKE_XLA_PATH)
