@@ -424,7 +424,7 @@ def test_concurrent_launches_do_not_collide():
     def run(size):
         try:
             results[size] = launch(all_reduce_ok, world_size=size, isolated=True)
-        except Exception as error:  # noqa: BLE001  (reported by the assertion below)
+        except Exception as error:  # reported by the assertion below
             errors.append(error)
 
     threads = [threading.Thread(target=run, args=(size,)) for size in (2, 3)]

@@ -39,11 +39,11 @@ def start_in_rank(settings: dict[str, Any] | None) -> Any:
     if inherited is not None:
         # Started at interpreter start-up in the fork server: its data file would be
         # shared by every rank forked from it.
-        inherited._auto_save = False  # noqa: SLF001
+        inherited._auto_save = False
         inherited.stop()
     cov = coverage.Coverage(config_file=settings["config"], data_file=settings["data_file"], data_suffix=True)
-    cov._warn_no_data = False  # noqa: SLF001  (a rank that ran no measured code is normal)
-    cov._warn_unimported_source = False  # noqa: SLF001
-    cov._warn_preimported_source = False  # noqa: SLF001  (the fork server preloaded accel)
+    cov._warn_no_data = False  # a rank that ran no measured code is normal
+    cov._warn_unimported_source = False
+    cov._warn_preimported_source = False  # the fork server preloaded accel
     cov.start()
     return cov

@@ -73,7 +73,7 @@ class SimCudaGroup(PythonGroup):
         super().__init__(rank, size)
         self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
 
-    def getBackendName(self) -> str:  # noqa: N802  (torch's name)
+    def getBackendName(self) -> str:  # torch's name
         return BACKEND_NAME
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:

@@ -81,7 +81,7 @@ class SimCudaTensor(torch.Tensor):
     def __tensor_unflatten__(inner: dict, device: torch.device, outer_size: Any, outer_stride: Any) -> SimCudaTensor:
         return SimCudaTensor(inner["_inner"], device)
 
-    def __repr__(self, *, tensor_contents: str | None = None) -> str:  # type: ignore[override]
+    def __repr__(self, *, tensor_contents: str | None = None) -> str:  # type: ignore[override]  # Tensor.__repr__ takes the same keyword, not in the stubs
         with torch.no_grad():
             text, data = torch_internals.tensor_text(self._inner, tensor_contents)
         head = "tensor(" + (tensor_contents if tensor_contents is not None else data)

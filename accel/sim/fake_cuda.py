@@ -326,7 +326,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         cuda_checkpoint.install()
         torch_internals.allow_foreach(cuda_tensor.SimCudaTensor)
         cuda_group.register()
-        torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]
+        torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
         torch.compile = _refuse_compile  # same call, refused
         _registered.append(True)
     cuda_tensor.set_device_count(count)

@@ -18,7 +18,7 @@ def context() -> Any:
     """The fork-server context, preloading the rank module when the server is not up yet."""
     from multiprocessing import forkserver
 
-    server = forkserver._forkserver  # noqa: SLF001  (the only way to add to the preload list)
+    server = forkserver._forkserver  # the only way to add to the preload list
     if getattr(server, "_forkserver_pid", None) is None:
         wanted = list(getattr(server, "_preload_modules", ["__main__"]))
         for name in (*entry.PRELOAD, *_extra_preload):

@@ -88,7 +88,7 @@ class SimNcclGroup(PythonGroup):
         #: peer -> this rank's GPU, for the point-to-point communicators set up so far
         self._peers: dict[int, int] = {}
 
-    def getBackendName(self) -> str:  # noqa: N802  (torch's name for it)
+    def getBackendName(self) -> str:  # torch's name for it
         return NCCL
 
     # -- the communicator: one GPU per rank ------------------------------------------------

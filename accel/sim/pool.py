@@ -133,7 +133,7 @@ class RankPool:
         # The rank creates it; create it here too so that reading never races the rank.
         with open(path, "ab"):
             pass
-        return open(path, "rb")  # noqa: SIM115  (kept open to read incrementally)
+        return open(path, "rb")  # kept open to read incrementally
 
     def _handshake(self, deadline: float) -> None:
         """Pass rank 0's rendezvous port to the others, then wait until every rank is ready.
@@ -421,7 +421,7 @@ def _exception_failure(rank: int, report: ExceptionReport) -> RankFailure:
     if report.exception is not None:
         try:
             exception = pickle.loads(report.exception)
-        except Exception:  # noqa: BLE001  (a class the parent cannot import: the text is kept)
+        except Exception:  # a class the parent cannot import: the text is kept
             exception = None
     return RankFailure(
         rank,

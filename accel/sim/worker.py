@@ -71,7 +71,7 @@ def serve(config: dict[str, Any], conn: Any, coverage: Any = None) -> None:
         slate = _set_up(config, conn)
         _one_rank_group(config["world_size"])
         collectives.install(config["workdir"], config["rank"])
-    except BaseException as error:  # noqa: BLE001  (whatever failed, the parent must hear why)
+    except BaseException as error:  # whatever failed, the parent must hear why
         conn.send(StartError(describe_exception(error)))
         _exit(1)
     conn.send(Ready(os.getpid()))
@@ -126,12 +126,12 @@ def _bind_lifetime_to_parent() -> None:
     # with the parent, and PDEATHSIG then takes this rank down with the fork server.
     from multiprocessing import forkserver
 
-    alive_fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)  # noqa: SLF001
+    alive_fd = getattr(forkserver._forkserver, "_forkserver_alive_fd", None)
     if alive_fd is not None:
         with contextlib.suppress(OSError):  # already closed: nothing to release
             os.close(alive_fd)
         # private to multiprocessing, which offers no public way to drop that pipe
-        forkserver._forkserver._forkserver_alive_fd = None  # type: ignore[attr-defined]  # noqa: SLF001
+        forkserver._forkserver._forkserver_alive_fd = None  # type: ignore[attr-defined]  # private, see above
     parent = os.getppid()
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -222,7 +222,7 @@ def _run_task(slate: CleanSlate, task: RunTask) -> TaskDone:
         value = fn(*args, **kwargs)
     except SystemExit as exit_:
         return TaskDone(Status.EXIT, exit_code=_exit_code(exit_))
-    except BaseException as error:  # noqa: BLE001  (skips and KeyboardInterrupt are reported too)
+    except BaseException as error:  # skips and KeyboardInterrupt are reported too
         return TaskDone(Status.EXCEPTION, error=describe_exception(error))
     try:
         return TaskDone(Status.OK, value=serialize.dumps(value))
@@ -250,7 +250,7 @@ def describe_exception(error: BaseException) -> ExceptionReport:
     module = kind.__module__
     try:
         pickled = pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:  # noqa: BLE001  (the text below still says everything)
+    except Exception:  # the text below still says everything
         pickled = None
     return ExceptionReport(
         exc_type=kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}",
@@ -284,7 +284,7 @@ def _save_coverage() -> None:
         return
     try:
         _coverage_started.save()
-    except Exception as error:  # noqa: BLE001  (losing coverage data must not fail the test)
+    except Exception as error:  # losing coverage data must not fail the test
         print(f"accel.sim: could not save this rank's coverage data: {error!r}", file=sys.stderr)
 
 

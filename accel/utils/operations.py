@@ -400,7 +400,7 @@ def _gather_one(hardware: Any, world: int, t: torch.Tensor) -> torch.Tensor:
     return hardware.all_gather_into(out, t)
 
 
-def gather_object(object: Any) -> list[Any]:  # noqa: A002  (Accelerate's parameter name)
+def gather_object(object: Any) -> list[Any]:  # Accelerate's parameter name
     """Gather a picklable object from every process.
 
     Lists and tuples are concatenated in rank order (`[a, b]` on two ranks gives
