@@ -95,11 +95,6 @@ def test_skip_data_loader_and_its_state_flags():
         assert hasattr(ours, flag) and hasattr(theirs, flag)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 9: data engineer (accel's base_dataloader is the skipping loader itself; Accelerate's is the "
-    "plain DataLoader inside, which yields every batch)",
-)
 def test_skip_data_loader_base_dataloader_is_the_loader_inside():
     ours, theirs = _skip_loaders()
     assert [b.tolist() for b in theirs.base_dataloader] == [[0, 1], [2, 3], [4, 5], [6, 7]]

@@ -714,3 +714,21 @@ def test_resume_at_any_batch_yields_the_rest_of_the_epoch(layout, rank, consumed
     resumed = make()
     resumed.load_state_dict(state)
     assert [values(b) for b in resumed] == rest
+
+
+def test_base_dataloader_is_a_plain_loader_over_the_same_batches():
+    prepared = prepare_data_loader(DataLoader(torch.arange(10), batch_size=3), put_on_device=True)
+    base = prepared.base_dataloader
+    assert type(base) is DataLoader and base is prepared.base_dataloader  # made once
+    assert [b.tolist() for b in base] == [b.tolist() for b in prepared]
+    # the skipping loader of an iterable dataset: its base skips nothing, as Accelerate's
+    stream = skip_first_batches(DataLoader(Stream(10), batch_size=3), 2)
+    assert [b.tolist() for b in stream] == [[6, 7, 8], [9]]
+    assert [b.tolist() for b in stream.base_dataloader] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+def test_base_dataloader_of_a_stateful_loader_is_stateful():
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    prepared = prepare_data_loader(DataLoader(torch.arange(6), batch_size=2), use_stateful_dataloader=True)
+    assert type(prepared.base_dataloader) is stateful.StatefulDataLoader
+    assert [b.tolist() for b in prepared.base_dataloader] == [[0, 1], [2, 3], [4, 5]]

@@ -137,8 +137,49 @@ class DataLoaderStateMixin:
 
     @property
     def base_dataloader(self) -> Any:
-        """The torch loader that loads the batches: accel's loaders are `DataLoader` subclasses, so itself."""
-        return self
+        """A plain torch loader over the same dataset and batches, as Accelerate's wrappers hold.
+
+        It yields this rank's batches as its batch sampler gives them (a `SkipDataLoader`'s
+        base skips none; nothing is moved to a device or reported to `GradientState`),
+        through `StatefulDataLoader` when this loader is stateful. Made once; a loader that
+        is not a `DataLoader` is its own base.
+        """
+        if not isinstance(self, DataLoader):
+            return self
+        base = self.__dict__.get("_base_dataloader")
+        if base is None:
+            base = _plain_copy(self)
+            self.__dict__["_base_dataloader"] = base
+        return base
+
+
+def _plain_copy(loader: DataLoader) -> DataLoader:
+    """A `DataLoader` (or `StatefulDataLoader`) with `loader`'s dataset, batching and workers."""
+    cls = stateful_dataloader_class() if _is_stateful(loader) else DataLoader
+    batch_sampler = loader.batch_sampler
+    if isinstance(loader.dataset, IterableDataset) or batch_sampler is None:
+        # torch refuses a batch sampler with an iterable dataset: give the batch size instead
+        batching: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+    else:
+        batching = {"batch_sampler": batch_sampler}
+    workers: dict[str, Any] = {}
+    if loader.num_workers > 0:
+        workers = {
+            "num_workers": loader.num_workers,
+            "worker_init_fn": loader.worker_init_fn,
+            "prefetch_factor": loader.prefetch_factor,
+            "persistent_workers": loader.persistent_workers,
+            "multiprocessing_context": loader.multiprocessing_context,
+        }
+    return cls(
+        loader.dataset,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        generator=loader.generator,
+        **batching,
+        **workers,
+    )
 
 
 def get_sampler(dataloader: Any) -> Any:
