@@ -23,6 +23,7 @@ import torch
 from accel.sim import cuda_state, device_rules, torch_internals
 
 aten = torch.ops.aten
+_make_wrapper = torch_internals.make_wrapper
 
 #: the C++ devices under the simulated GPUs (filled when the GPUs are installed)
 _HIDDEN: list[torch.device] = []
@@ -41,8 +42,7 @@ class SimCudaTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor, device: torch.device, requires_grad: bool = False) -> SimCudaTensor:
-        index = device.index or 0
-        self = torch_internals.make_wrapper(cls, inner, _HIDDEN[index], requires_grad)
+        self = _make_wrapper(cls, inner, _HIDDEN[device.index or 0], requires_grad)
         self._inner = inner
         self._cuda = device
         return self
@@ -189,14 +189,20 @@ _FACTS = "_accel_sim_cuda_facts"
 
 
 def _facts(func: Any) -> tuple[Any, bool, bool, bool]:
-    """(special handler or None, draws random numbers, writes into an argument, may reshape an argument)."""
+    """(special handler or None, draws random numbers, tracks its argument wrappers, may reshape an argument).
+
+    An op that writes into an argument and returns something (add_, out= ops) returns that
+    argument: its wrappers are tracked so the very wrapper is given back. One that returns
+    nothing (the in-place foreach ops) needs no tracking unless it may reshape.
+    """
     facts = getattr(func, _FACTS, None)
     if facts is None:
         schema = func._schema
         reshapes = schema.is_mutable and (
             any(a.is_out for a in schema.arguments) or schema.name.split("::")[-1] in _RESHAPING
         )
-        facts = (_SPECIAL.get(func), _SEEDED in func.tags, schema.is_mutable, reshapes)
+        tracks = schema.is_mutable and (reshapes or len(schema.returns) > 0)
+        facts = (_SPECIAL.get(func), _SEEDED in func.tags, tracks, reshapes)
         setattr(func, _FACTS, facts)
     return facts
 
@@ -217,8 +223,12 @@ def _unwrap_args(value: Any, seen: dict[int, SimCudaTensor]) -> Any:
         inner = value._inner
         seen[id(inner)] = value
         return inner
+    kind = type(value)
+    if (kind is list or kind is tuple) and value:
+        items = [_unwrap_args(item, seen) if type(item) is SimCudaTensor else item for item in value]
+        return items if kind is list else tuple(items)
     if isinstance(value, (list, tuple)) and value and any(type(item) is SimCudaTensor for item in value):
-        return type(value)(_unwrap_args(item, seen) for item in value)
+        return kind(_unwrap_args(item, seen) for item in value)
     return value
 
 
@@ -226,10 +236,19 @@ def _wrap_results(value: Any, seen: dict[int, SimCudaTensor], device: torch.devi
     if isinstance(value, torch.Tensor):
         # An in-place or out= op returns one of its inputs: give back that very wrapper.
         same = seen.get(id(value))
-        return same if same is not None else SimCudaTensor(value, device)
+        return same if same is not None else _new(value, device)
     if isinstance(value, (list, tuple)):
-        return type(value)(_wrap_results(item, seen, device) for item in value)
+        items = [_wrap_results(item, seen, device) for item in value]
+        return items if type(value) is list else type(value)(items)
     return value
+
+
+def _new(inner: torch.Tensor, device: torch.device) -> SimCudaTensor:
+    # `SimCudaTensor(inner, device)` without the class call's overhead: every op's result comes here
+    self = _make_wrapper(SimCudaTensor, inner, _HIDDEN[device.index or 0], False)
+    self._inner = inner
+    self._cuda = device
+    return self
 
 
 @contextlib.contextmanager
@@ -278,22 +297,25 @@ def to_copy(args: tuple, kwargs: dict) -> Any:
 def _one_gpu(args: tuple, kwargs: dict) -> torch.device | None:
     """The device of the tensor arguments when they are all simulated and on one GPU (the common case)."""
     device = None
-    for value in (*args, *kwargs.values()):
-        if type(value) is SimCudaTensor:
-            if device is None:
-                device = value._cuda
-            elif value._cuda != device:
-                return None
-        elif isinstance(value, torch.Tensor):
-            return None  # a CPU tensor: the general rules decide
-        elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-            for item in value:  # foreach ops, cat, ...
-                if type(item) is not SimCudaTensor:
-                    return None
+    for values in (args, kwargs.values()) if kwargs else (args,):
+        for value in values:
+            if type(value) is SimCudaTensor:
+                cuda = value._cuda
                 if device is None:
-                    device = item._cuda
-                elif item._cuda != device:
+                    device = cuda
+                elif cuda is not device and cuda != device:
                     return None
+            elif isinstance(value, torch.Tensor):
+                return None  # a CPU tensor: the general rules decide
+            elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+                for item in value:  # foreach ops, cat, ...
+                    if type(item) is not SimCudaTensor:
+                        return None
+                    cuda = item._cuda
+                    if device is None:
+                        device = cuda
+                    elif cuda is not device and cuda != device:
+                        return None
     return device
 
 
@@ -313,7 +335,8 @@ _SPECIAL = {
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     """Run aten op `func` whose arguments include simulated CUDA tensors."""
-    special, seeded, mutable, reshapes = _facts(func)
+    facts = getattr(func, _FACTS, None)
+    special, seeded, tracks, reshapes = _facts(func) if facts is None else facts
     if special is not None:
         return special(args, kwargs)
     device = _one_gpu(args, kwargs)
@@ -327,11 +350,14 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
                 kwargs = dict(kwargs, device=torch.device("cpu"))
                 kwargs.pop("pin_memory", None)
     seen: dict[int, SimCudaTensor] = {}
-    if mutable:
+    if tracks:
         inner_args = [_unwrap_args(a, seen) for a in args]
         inner_kwargs = {k: _unwrap_args(v, seen) for k, v in kwargs.items()} if kwargs else kwargs
     else:
-        inner_args = [_inner_of(a) for a in args]
+        inner_args = [
+            a._inner if type(a) is SimCudaTensor else _inner_of(a) if type(a) is list or type(a) is tuple else a
+            for a in args
+        ]
         inner_kwargs = {k: _inner_of(v) for k, v in kwargs.items()} if kwargs else kwargs
     if device is None or device.type != "cuda":
         return func(*inner_args, **inner_kwargs)  # a CPU result was asked for
@@ -341,7 +367,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             _follow_inner(wrapper)
     if type(out) is torch.Tensor:
         same = seen.get(id(out))
-        return same if same is not None else SimCudaTensor(out, device)
+        return same if same is not None else _new(out, device)
     return _wrap_results(out, seen, device)
 
 

@@ -104,12 +104,13 @@ disabled_torch_function = torch._C._disabled_torch_function_impl
 
 def make_wrapper(cls: type, inner: torch.Tensor, device: torch.device, requires_grad: bool) -> Any:
     """An instance of `cls` shaped like `inner`, on C++ device `device`, holding no data itself."""
-    if inner.layout is torch.strided and inner.is_contiguous() and not inner.storage_offset():
+    if inner.layout is _STRIDED and inner.is_contiguous() and not inner.storage_offset():
         # the common case, and cheaper: contiguous strides and offset 0 are the defaults
-        return torch.Tensor._make_wrapper_subclass(
-            cls, inner.size(), dtype=inner.dtype, device=device, requires_grad=requires_grad
-        )
-    return torch.Tensor._make_wrapper_subclass(
+        # (and so is requires_grad=False: each keyword given costs parsing time)
+        if requires_grad:
+            return _make_wrapper_subclass(cls, inner.size(), dtype=inner.dtype, device=device, requires_grad=True)
+        return _make_wrapper_subclass(cls, inner.size(), dtype=inner.dtype, device=device)
+    return _make_wrapper_subclass(
         cls,
         inner.size(),
         strides=inner.stride(),
@@ -119,6 +120,10 @@ def make_wrapper(cls: type, inner: torch.Tensor, device: torch.device, requires_
         device=device,
         requires_grad=requires_grad,
     )
+
+
+_STRIDED = torch.strided
+_make_wrapper_subclass = torch.Tensor._make_wrapper_subclass
 
 
 def tensor_text(inner: torch.Tensor, contents: str | None) -> tuple[str, str]:
