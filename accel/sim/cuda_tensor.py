@@ -70,7 +70,45 @@ class SimCudaTensor(torch.Tensor):
     def __torch_dispatch__(  # type: ignore[override]  # classmethod form torch documents
         cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
-        return dispatch(func, args, kwargs or {})
+        # The common case inline (every op comes here, so each call saved counts): an op with
+        # no keyword arguments that returns no argument of its own, on tensors of one
+        # simulated GPU, unwrapped in the same pass that checks them. Anything else: `dispatch`.
+        facts = getattr(func, _FACTS, None)
+        if facts is None:
+            facts = _facts(func)
+        if kwargs or facts[0] is not None or facts[2]:
+            return dispatch(func, args, kwargs or {})
+        device = None
+        inner_args = []
+        for value in args:
+            kind = type(value)
+            if kind is SimCudaTensor:
+                cuda = value._cuda
+                if device is None:
+                    device = cuda
+                elif cuda is not device and cuda != device:
+                    break
+                inner_args.append(value._inner)
+            elif (kind is list or kind is tuple) and value and isinstance(value[0], torch.Tensor):
+                cuda = _one_gpu_of(value)  # foreach ops, cat, ...
+                if cuda is None or (device is not None and cuda is not device and cuda != device):
+                    break
+                device = cuda
+                inner_args.append([item._inner for item in value] if kind is list else tuple(i._inner for i in value))
+            elif isinstance(value, torch.Tensor):
+                break  # a CPU tensor: the general rules decide
+            else:
+                inner_args.append(_inner_of(value) if kind is list or kind is tuple else value)
+        else:
+            if device is not None:
+                out = _draw(device.index or 0, func, inner_args, {}) if facts[1] else func(*inner_args)
+                if type(out) is torch.Tensor:
+                    self = _make_wrapper(SimCudaTensor, out, _HIDDEN[device.index or 0], False)
+                    self._inner = out
+                    self._cuda = device
+                    return self
+                return _wrap_results(out, {}, device)
+        return dispatch(func, args, {})
 
     # A "traceable wrapper subclass": nn.Module.to/.cuda then swap parameter objects
     # instead of `param.data = new`, which would turn a CUDA parameter into a CPU one.
@@ -292,6 +330,20 @@ def to_copy(args: tuple, kwargs: dict) -> Any:
     kwargs.pop("pin_memory", None)  # nothing to pin: the data stays in host memory
     out = aten._to_copy.default(unwrap(source), **kwargs)
     return SimCudaTensor(out, target) if target.type == "cuda" else out
+
+
+def _one_gpu_of(tensors: list | tuple) -> torch.device | None:
+    """The device of `tensors` when they are all simulated and on one GPU."""
+    device = None
+    for item in tensors:
+        if type(item) is not SimCudaTensor:
+            return None
+        cuda = item._cuda
+        if device is None:
+            device = cuda
+        elif cuda is not device and cuda != device:
+            return None
+    return device
 
 
 def _one_gpu(args: tuple, kwargs: dict) -> torch.device | None:
