@@ -1,0 +1,54 @@
+"""The two paths an op on simulated CUDA tensors takes agree with a GPU.
+
+Most ops (no keyword arguments, all tensors on one simulated GPU, returning no argument
+of their own) take a short path in `SimCudaTensor.__torch_dispatch__`; the rest take the
+general one. These tests run ops on both sides of that line.
+"""
+
+import pytest
+import torch
+
+from harness import distributed_test
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_lists_of_tensors_stay_on_their_gpu(rank, world_size):
+    here = torch.device("cuda", rank)
+    params = [torch.ones(3, device="cuda"), torch.full((2,), 2.0, device="cuda")]
+    torch._foreach_mul_(params, 3.0)  # in-place foreach: returns nothing, writes into each
+    assert [p.tolist() for p in params] == [[3.0, 3.0, 3.0], [6.0, 6.0]]
+    roots = torch._foreach_sqrt(params)
+    assert [r.device for r in roots] == [here, here]
+    assert [round(v, 4) for v in roots[1].tolist()] == [2.4495, 2.4495]
+    joined = torch.cat((params[0], params[1]))  # a tuple of tensors
+    assert joined.device == here and joined.tolist() == [3.0, 3.0, 3.0, 6.0, 6.0]
+    other = torch.ones(2, device=f"cuda:{(rank + 1) % world_size}")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.cat([params[1], other])
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch._foreach_add_(params, [params[0], torch.ones(2)])
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_an_op_writing_into_an_argument_returns_that_very_tensor(rank):
+    x = torch.ones(2, 3, device="cuda")
+    assert x.add_(1) is x and x.tolist() == [[2.0] * 3] * 2
+    out = torch.empty(0, device="cuda")
+    assert torch.add(x, x, out=out) is out and out.shape == (2, 3)
+    assert x.t_() is x and x.shape == (3, 2) and x.stride() == (1, 3)
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_results_in_tuples_and_random_draws(rank):
+    x = torch.tensor([[1.0, 5.0], [4.0, 2.0]], device="cuda")
+    values, indices = torch.max(x, 0)
+    assert values.device == indices.device == torch.device("cuda", rank)
+    assert values.tolist() == [4.0, 5.0] and indices.tolist() == [1, 0]
+    cpu_state = torch.get_rng_state()
+    big = torch.ones(1000, device="cuda")
+    torch.cuda.manual_seed(3)
+    first = torch.nn.functional.dropout(big, 0.5)
+    torch.cuda.manual_seed(3)
+    second = torch.nn.functional.dropout(big, 0.5)
+    assert torch.equal(first.cpu(), second.cpu()) and first.device == big.device
+    assert torch.equal(torch.get_rng_state(), cpu_state)  # drawn from the GPU's generator, not the CPU one
