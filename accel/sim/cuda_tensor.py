@@ -360,14 +360,13 @@ def _one_gpu(args: tuple, kwargs: dict) -> torch.device | None:
             elif isinstance(value, torch.Tensor):
                 return None  # a CPU tensor: the general rules decide
             elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-                for item in value:  # foreach ops, cat, ...
-                    if type(item) is not SimCudaTensor:
-                        return None
-                    cuda = item._cuda
-                    if device is None:
-                        device = cuda
-                    elif cuda is not device and cuda != device:
-                        return None
+                shared = _one_gpu_of(value)  # foreach ops, cat, ...
+                if shared is None:
+                    return None
+                if device is None:
+                    device = shared
+                elif shared is not device and shared != device:
+                    return None
     return device
 
 
