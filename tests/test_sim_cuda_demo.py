@@ -14,3 +14,5 @@ def test_demo_runs_on_simulated_gpus():
     assert result.returncode == 0, output[-3000:]
     assert "Distributed environment: MULTI_GPU" in output and "Device: cuda:0" in output
     assert "result check: OK" in output
+    # DDP on a GPU prints no warnings; nothing may name the device under the simulated GPUs
+    assert "Warning" not in output and "simcuda" not in output, output[-3000:]

@@ -82,5 +82,21 @@ def test_each_internal_does_its_job_in_a_rank(rank, tmp_path):
     checks["allow_foreach"] = type(x) in optimizer_module._foreach_supported_types
     work = torch_internals.completed_work([x])
     checks["completed_work"] = work.is_completed() and work.get_future().value()[0] is x
+    checks["patch_accelerator"] = torch._C._get_accelerator() == torch.device("cuda") and (
+        torch.accelerator.current_device_index() == torch.cuda.current_device()
+    )
+    checks["show_storage_on"] = x.untyped_storage().device == x.device and x.untyped_storage().nbytes() == 16
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.data = x[:2]  # patch_data_setter
+    checks["patch_data_setter"] = p.device == x.device and isinstance(p, torch.nn.Parameter)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    d = DTensor.from_local(x, init_device_mesh("cuda", (2,)), [Replicate()])  # show_hidden_as
+    checks["show_hidden_as"] = d.device == x.device and d.is_cuda
+    import torch.distributed as dist
+
+    checks["resolve_group"] = torch_internals.resolve_group(dist.group.WORLD.group_name) is dist.group.WORLD
+    checks["silence_ddp_time_stats"] = dist.Logger.set_runtime_stats_and_log(None) is None
     broken = [name for name, ok in checks.items() if not ok]
     assert not broken, f"torch {torch.__version__}: these internals no longer do their job: {broken}"

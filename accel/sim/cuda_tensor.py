@@ -171,8 +171,8 @@ class SimCudaTensor(torch.Tensor):
 
     def untyped_storage(self) -> torch.UntypedStorage:
         # The inner tensor's storage: what shares memory with what (tied weights, views)
-        # can be told as on a GPU; it reports the host as its device.
-        return self._inner.untyped_storage()
+        # can be told as on a GPU, and its device is this GPU.
+        return torch_internals.show_storage_on(self._inner.untyped_storage(), self._cuda)
 
     def data_ptr(self) -> int:
         # Host address of the data (a real GPU gives a device address; neither is dereferenceable by Python).
@@ -211,6 +211,55 @@ def wrap(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     if type(cpu_tensor) is SimCudaTensor:
         raise TypeError(f"wrap() takes a CPU tensor; this one is already on {cpu_tensor.device}")
     return SimCudaTensor(cpu_tensor, cuda_state.gpus().resolve(index))
+
+
+def set_data(tensor: torch.Tensor, new: torch.Tensor) -> bool:
+    """`tensor.data = new` where either is on a simulated GPU, as on a GPU; False when torch's setter serves.
+
+    On a GPU, `set_data` lets a tensor (a parameter, typically) change device and dtype while
+    it stays the same Python object: libraries move and shard parameters that way (FSDP2's
+    `param.data = param.to(device)`). torch's own setter cannot move a tensor between the
+    CPU and the hidden device, so the object's contents are swapped for a tensor sharing
+    `new`'s data (`torch.utils.swap_tensors`, as `nn.Module.to` does for such tensors). Its
+    attributes, `requires_grad` and whether it is a parameter are kept; a gradient is kept
+    when it still fits (same device and dtype), as torch requires of any gradient.
+    """
+    old, now = type(tensor) is SimCudaTensor, type(new) is SimCudaTensor
+    if not (old or now):
+        return False
+    if old and now:
+        # Both wrappers: torch's setter takes the sizes, dtype and flags; the data is the inner tensor's.
+        torch_internals.data_descriptor().__set__(tensor, new)
+        tensor._inner = new._inner  # type: ignore[attr-defined]  # both are SimCudaTensor here
+        tensor._cuda = new._cuda  # type: ignore[attr-defined]
+        return True
+    is_param = isinstance(tensor, torch.nn.Parameter)
+    with torch.no_grad():
+        if type(new) is SimCudaTensor:
+            replacement: torch.Tensor = SimCudaTensor(new._inner, new._cuda)
+            replacement.requires_grad_(tensor.requires_grad)
+            if is_param:
+                replacement._is_param = True  # what Parameter() marks a subclass with
+        elif is_param:
+            replacement = torch.nn.Parameter(new.detach(), requires_grad=tensor.requires_grad)
+        else:
+            replacement = new.detach().requires_grad_(tensor.requires_grad)
+    kept = {k: v for k, v in vars(tensor).items() if k not in ("_inner", "_cuda", "_is_param")}
+    grad = tensor.grad
+    replacement.__dict__.update(kept)
+    try:
+        torch.utils.swap_tensors(tensor, replacement)
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"`tensor.data = x` cannot move a tensor between {new.device if old else tensor.device} and "
+            f"{new.device if now else tensor.device} on a simulated GPU while something else holds it ({error}). "
+            "On a simulated GPU such a move replaces the tensor's contents, which torch allows only for a tensor "
+            "nothing else references (no weak references, no autograd graph, not yet wrapped by DDP); move it "
+            "before wrapping, or use module.to(device)."
+        ) from error
+    if grad is not None and grad.device == tensor.device and grad.dtype == tensor.dtype:
+        tensor.grad = grad
+    return True
 
 
 # -- dispatch ------------------------------------------------------------------------------------
@@ -382,6 +431,14 @@ _SPECIAL = {
     aten._local_scalar_dense.default: lambda args, kwargs: args[0]._inner.item(),
     aten.record_stream.default: lambda args, kwargs: None,  # one stream per simulated GPU: nothing to record
 }
+
+
+def add_special(handlers: dict[Any, Any]) -> None:
+    """Have ops handled apart (`handler(args, kwargs)`), before any of them ran on a simulated GPU."""
+    for func in handlers:
+        if hasattr(func, _FACTS):
+            delattr(func, _FACTS)
+    _SPECIAL.update(handlers)
 
 
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -39,8 +39,10 @@ import torch.cuda.random
 
 from accel.backends.cuda import CUDABackend
 from accel.sim import (
+    cuda_accelerator,
     cuda_autocast,
     cuda_checkpoint,
+    cuda_functional,
     cuda_group,
     cuda_kernels,
     cuda_state,
@@ -177,6 +179,17 @@ class Stream:
 
     def synchronize(self) -> None:
         pass
+
+    def is_capturing(self) -> bool:
+        return False  # no CUDA graphs on a simulated GPU
+
+    @property
+    def device_index(self) -> int:
+        return self.device.index
+
+    @property
+    def device_type(self) -> int:
+        return 1  # torch's DeviceType of CUDA
 
     def __enter__(self) -> Stream:
         return self
@@ -325,6 +338,10 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         cuda_autocast.install()
         cuda_checkpoint.install()
         torch_internals.allow_foreach(cuda_tensor.SimCudaTensor)
+        torch_internals.patch_data_setter(cuda_tensor.set_data)
+        torch_internals.show_hidden_as(cuda_state.HIDDEN_DEVICE, lambda index: cuda_state.gpus().devices[index])
+        cuda_accelerator.install()
+        cuda_tensor.add_special(cuda_functional.handlers())
         cuda_group.register()
         torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
         torch.compile = _refuse_compile  # same call, refused

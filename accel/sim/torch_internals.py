@@ -62,6 +62,13 @@ INTERNALS: dict[str, str] = {
     "torch._utils._rebuild_tensor": "checkpoints tagged cuda:k load back on that simulated GPU",
     "torch.optim.optimizer._foreach_supported_types": "optimizers take the foreach path as on a real GPU",
     "torch._C._distributed_c10d._create_work_from_future": "the simulated NCCL group returns finished work",
+    "torch._C._get_accelerator": "torch.accelerator and torch's own device look-ups answer CUDA, not the hidden device",
+    "torch._C._accelerator_getAccelerator": "torch.accelerator.current_accelerator() answers CUDA",
+    "torch._C.TensorBase.data": "`param.data = x` moves a parameter onto or off a simulated GPU",
+    "torch._C.TensorBase.device": "DTensor and other wrappers of simulated CUDA tensors report CUDA",
+    "torch._C.TensorBase.is_cuda": "DTensor and other wrappers of simulated CUDA tensors are CUDA tensors",
+    "torch._C._distributed_c10d.Logger": "DDP does not warn that it has no timer for the hidden device",
+    "torch.distributed.distributed_c10d._resolve_process_group": "functional collectives name their group",
 }
 
 
@@ -78,6 +85,10 @@ def _has_dotted(name: str) -> bool:
         import torch.utils.backend_registration as registration
 
         return hasattr(registration, name.rsplit(".", 1)[1])
+    if name.startswith("torch.distributed.distributed_c10d."):
+        from torch.distributed import distributed_c10d
+
+        return hasattr(distributed_c10d, name.rsplit(".", 1)[1])
     if name.startswith("torch.optim.optimizer."):
         import torch.optim.optimizer as optimizer
 
@@ -322,3 +333,132 @@ def completed_work(result: Any) -> Any:
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(result)
     return _create_work_from_future(future)
+
+
+# -- the accelerator torch reports -----------------------------------------------------------------
+
+
+#: the private `torch._C` entry points behind `torch.accelerator` and torch's own device look-ups
+#: (`get_device_module()`, DeviceMesh, FSDP, `init_process_group()`, `barrier`), which C++ answers
+#: with the hidden device
+ACCELERATOR_ENTRY_POINTS = (
+    "_get_accelerator",
+    "_accelerator_getAccelerator",
+    "_accelerator_getDeviceIndex",
+    "_accelerator_setDeviceIndex",
+    "_accelerator_exchangeDevice",
+    "_accelerator_maybeExchangeDevice",
+    "_accelerator_synchronizeDevice",
+    "_accelerator_getStream",
+    "_accelerator_setStream",
+    "_accelerator_getDeviceCapability",
+    "_accelerator_isAllocatorInitialized",
+    "_accelerator_emptyCache",
+    "_accelerator_emptyHostCache",
+    "_accelerator_getDeviceStats",
+    "_accelerator_resetAccumulatedStats",
+    "_accelerator_resetPeakStats",
+    "_accelerator_getMemoryInfo",
+)
+
+
+def patch_accelerator(answers: dict[str, Callable[..., Any]]) -> None:
+    """Replace the `torch._C` accelerator entry points named in `answers` (all of `ACCELERATOR_ENTRY_POINTS`).
+
+    torch's Python code looks each one up on `torch._C` at call time, so `torch.accelerator`
+    and every torch module that asks which accelerator the host has get these answers.
+    """
+    unknown = set(answers) - set(ACCELERATOR_ENTRY_POINTS)
+    missing = [name for name in ACCELERATOR_ENTRY_POINTS if not hasattr(torch._C, name)]
+    if unknown or missing:
+        raise UnsupportedTorchError(
+            f"torch {torch.__version__} lacks the accelerator entry points {missing or sorted(unknown)}; "
+            f"supported torch versions: {', '.join(SUPPORTED_TORCH)}"
+        )
+    for name, answer in answers.items():
+        setattr(torch._C, name, answer)
+
+
+def silence_ddp_time_stats() -> None:
+    """DDP keeps no runtime time statistics: its C++ logger would warn that it has no timer for the hidden device.
+
+    A GPU run prints no such warning; the statistics it would keep (CUDA event timings)
+    mean nothing on a simulated GPU. The rest of DDP's logging data is unchanged.
+    """
+    from torch._C._distributed_c10d import Logger
+
+    Logger.set_runtime_stats_and_log = lambda self: None  # type: ignore[method-assign]  # simulated ranks only
+
+
+# -- storages and `.data` ----------------------------------------------------------------------------
+
+_storage_classes: dict[torch.device, type] = {}
+
+
+def show_storage_on(storage: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
+    """`storage` (host memory) reporting `device` as its device, as a GPU tensor's storage does.
+
+    torch keeps one Python object per storage for its whole life, so giving that object a
+    subclass of `UntypedStorage` whose only change is `device` makes every later
+    `untyped_storage()` of the tensors sharing it say so; its methods are the host storage's.
+    """
+    cls = _storage_classes.get(device)
+    if cls is None:
+        cls = type("UntypedStorage", (torch.UntypedStorage,), {"device": property(lambda self: device)})
+        cls.__module__ = torch.UntypedStorage.__module__
+        _storage_classes[device] = cls
+    if type(storage) is not cls:
+        storage.__class__ = cls
+    return storage
+
+
+def patch_data_setter(set_data: Callable[[torch.Tensor, torch.Tensor], bool]) -> None:
+    """`tensor.data = new` asks `set_data(tensor, new)` first; torch's own setter runs when it returns False.
+
+    torch's setter (C++ `set_data`) refuses to move a tensor between a CPU tensor and a
+    wrapper on the hidden device ("incompatible tensor type"), which on a GPU is allowed;
+    `.data` is a C descriptor of `TensorBase`, which `torch.Tensor` can shadow with a property.
+    """
+    descriptor: Any = torch._C.TensorBase.data
+    get = descriptor.__get__
+    put = descriptor.__set__
+
+    def data_setter(self: torch.Tensor, new: torch.Tensor) -> None:
+        if not set_data(self, new):
+            put(self, new)
+
+    torch.Tensor.data = property(get, data_setter, doc=descriptor.__doc__)  # type: ignore[assignment]  # simulated ranks only
+
+
+def data_descriptor() -> Any:
+    """torch's own `.data` descriptor (what `patch_data_setter` shadows)."""
+    return torch._C.TensorBase.data
+
+
+def show_hidden_as(hidden: str, shown: Callable[[int], torch.device]) -> None:
+    """Every tensor whose C++ device is `hidden` reports `shown(index)` as `.device` and is CUDA to Python.
+
+    Tensor subclasses built around simulated CUDA tensors (DTensor, FSDP's and the
+    functional collectives' wrappers) take the C++ device of what they wrap; `.device` and
+    `.is_cuda` are C descriptors of `TensorBase`, which `torch.Tensor` shadows with properties.
+    """
+    base: Any = torch._C.TensorBase
+    device_of = base.device.__get__
+    is_cuda_of = base.is_cuda.__get__
+
+    def device(self: torch.Tensor) -> torch.device:
+        found = device_of(self)
+        return shown(found.index or 0) if found.type == hidden else found
+
+    def is_cuda(self: torch.Tensor) -> bool:
+        return is_cuda_of(self) or device_of(self).type == hidden
+
+    torch.Tensor.device = property(device, doc=base.device.__doc__)  # type: ignore[assignment]  # simulated ranks only
+    torch.Tensor.is_cuda = property(is_cuda, doc=base.is_cuda.__doc__)  # type: ignore[assignment]
+
+
+def resolve_group(group_name: Any) -> Any:
+    """The process group a functional collective names (torch passes groups to its ops by name)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name)
