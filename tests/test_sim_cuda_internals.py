@@ -37,6 +37,13 @@ def test_cuda_autocast_policy_and_op_declarations_are_readable():
     assert {"zeros", "empty.memory_format", "arange.start", "randn"} <= names
 
 
+def test_the_hooks_vtable_order_is_readable():
+    order = torch_internals.hook_vtable_order()
+    # the two slots serve_pinned_memory replaces, where the Itanium ABI puts them for torch 2.13's headers
+    assert order.index("isPinnedPtr") == 11 and order.index("getPinnedMemoryAllocator") == 12, order
+    assert order[:2] == ["~AcceleratorHooksInterface"] * 2 and len(order) == 17
+
+
 def test_this_torch_is_supported():
     torch_internals.check_supported()
     assert torch.__version__.startswith(torch_internals.SUPPORTED_TORCH)
@@ -97,6 +104,8 @@ def test_each_internal_does_its_job_in_a_rank(rank, tmp_path):
     import torch.distributed as dist
 
     checks["resolve_group"] = torch_internals.resolve_group(dist.group.WORLD.group_name) is dist.group.WORLD
+    pinned = torch.empty(2, pin_memory=True)  # serve_pinned_memory: C++ gets an allocator, and is told it is pinned
+    checks["serve_pinned_memory"] = torch._C.TensorBase.is_pinned(pinned) and pinned.device.type == "cpu"
     checks["silence_ddp_time_stats"] = dist.Logger.set_runtime_stats_and_log(None) is None
     broken = [name for name, ok in checks.items() if not ok]
     assert not broken, f"torch {torch.__version__}: these internals no longer do their job: {broken}"

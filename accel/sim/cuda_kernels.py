@@ -135,7 +135,8 @@ def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
 
 
 def is_pinned(self: torch.Tensor, device: Any = None) -> bool:
-    return False
+    """Host memory counts as pinned (a simulated GPU reads it directly), as C++ is told too (`torch_internals`)."""
+    return type(self) is not SimCudaTensor and self.device.type == "cpu"
 
 
 def tensor(

@@ -331,6 +331,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
     cuda_state.install(count, local_rank % count)
     if not _registered:
         torch_internals.register_python_backend(cuda_state.HIDDEN_DEVICE, _HiddenDeviceModule())
+        torch_internals.serve_pinned_memory()
         # The hidden device's guard reports one device: autograd then runs every node on
         # the thread that called backward() (the results are the same).
         torch.autograd.set_multithreading_enabled(False)

@@ -462,3 +462,68 @@ def resolve_group(group_name: Any) -> Any:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     return _resolve_process_group(group_name)
+
+
+# -- pinned host memory ------------------------------------------------------------------------------
+
+#: the headers declaring, in vtable order, the virtual methods of the hidden device's hooks
+_HOOK_HEADERS = ("AcceleratorHooksInterface.h", "PrivateUse1HooksInterface.h")
+
+
+def hook_vtable_order() -> list[str]:
+    """The virtual methods of torch's PrivateUse1 hooks in vtable order, read from the headers torch ships.
+
+    A destructor takes two slots (Itanium C++ ABI); `override`s take none of their own.
+    """
+    order: list[str] = []
+    for header in _HOOK_HEADERS:
+        with open(os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "detail", header)) as source:
+            text = source.read()
+        for match in re.finditer(r"\bvirtual\s+(~?\w+)\s*\(|\bvirtual\s+[\w:<>&*\s]+?\b(\w+)\s*\(", text):
+            name = match.group(1) or match.group(2)
+            order.extend([name, name] if name.startswith("~") else [name])
+    return order
+
+
+def _torch_library(name: str) -> Any:
+    import ctypes
+    import glob
+
+    found = glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", f"lib{name}.*"))
+    if not found:
+        raise UnsupportedTorchError(f"torch {torch.__version__} ships no lib{name} library next to its package")
+    return ctypes.CDLL(found[0])
+
+
+def serve_pinned_memory() -> None:
+    """Pinned host memory asked of the hidden device is host memory, and all host memory counts as pinned.
+
+    torch asks the accelerator's hooks for pinned memory and whether memory is pinned
+    (DDP with `find_unused_parameters=True` copies its map of used parameters through a
+    pinned buffer in every backward pass and asserts it is pinned; `pin_memory=True`
+    factories); the Python-written hooks of a PrivateUse1 device cannot answer (neither
+    method is exposed to Python). So two slots of the registered hooks' virtual table are
+    replaced: `getPinnedMemoryAllocator` by `c10::GetCPUAllocator` (same calling
+    convention: it ignores its argument and returns the allocator) and `isPinnedPtr` by a
+    function answering true. The table is copied, not written in place: it lives in
+    read-only memory. A simulated GPU reads host memory directly, so page-locking means
+    nothing here: every host tensor is as good as pinned (`Tensor.pin_memory` returns it).
+    """
+    import ctypes
+
+    order = hook_vtable_order()
+    slot = order.index("getPinnedMemoryAllocator")
+    get_hooks = _torch_library("torch_cpu")._ZN2at6detail19getPrivateUse1HooksEv
+    get_hooks.restype = ctypes.c_void_p
+    hooks = get_hooks()
+    cpu_allocator = ctypes.cast(_torch_library("c10")._ZN3c1015GetCPUAllocatorEv, ctypes.c_void_p).value
+    vptr = ctypes.c_void_p.from_address(hooks)
+    # two words before the first slot: offset to top and type info (kept for dynamic_cast / typeid)
+    size = len(order) + 2
+    table = (ctypes.c_void_p * size).from_address(vptr.value - 2 * ctypes.sizeof(ctypes.c_void_p))
+    copy = (ctypes.c_void_p * size)(*table)
+    copy[2 + slot] = cpu_allocator
+    pinned = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_void_p)(lambda this, data: True)
+    copy[2 + order.index("isPinnedPtr")] = ctypes.cast(pinned, ctypes.c_void_p).value
+    _KEEP_ALIVE.extend([copy, pinned])
+    vptr.value = ctypes.addressof(copy) + 2 * ctypes.sizeof(ctypes.c_void_p)

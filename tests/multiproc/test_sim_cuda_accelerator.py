@@ -66,6 +66,34 @@ def test_a_script_of_today_trains_ddp_on_the_accelerator(rank, world_size):
 
 
 @distributed_test(world_size=SIZES, device="cuda")
+def test_ddp_finding_unused_parameters(rank, world_size):
+    # DDP copies its map of used parameters through pinned host memory in every backward
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl")
+
+    class HalfUsed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+
+        def forward(self, x):
+            return self.used(x)
+
+    torch.manual_seed(0)
+    model = HalfUsed().cuda()
+    ddp = DDP(model, device_ids=[rank], find_unused_parameters=True)
+    for _ in range(2):
+        ddp(torch.full((1, 2), float(rank + 1), device="cuda")).sum().backward()
+    assert model.unused.weight.grad is None
+    mean = sum(r + 1 for r in range(world_size)) / world_size
+    assert model.used.weight.grad.tolist() == [[2 * mean, 2 * mean]]
+    dist.destroy_process_group()
+
+
+@distributed_test(world_size=SIZES, device="cuda")
 def test_param_data_moves_between_cpu_and_gpu_as_on_a_gpu(rank):
     gpu = torch.device("cuda", rank)
     torch.cuda.set_device(rank)

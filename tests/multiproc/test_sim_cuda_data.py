@@ -20,6 +20,9 @@ def test_pinned_loader_non_blocking_copies_streams_and_events(rank):
     torch.cuda.synchronize()
     assert seen == [6.0, 22.0]
     assert torch.ones(2).pin_memory().device.type == "cpu"
+    # pinned host memory, asked in Python or by torch's C++ (pin_memory=True factories)
+    assert torch.ones(2).pin_memory().is_pinned() and torch.empty(2, pin_memory=True).is_pinned()
+    assert not torch.ones(2, device="cuda").is_pinned()
 
     side = torch.cuda.Stream()
     x = torch.ones(3, device="cuda")
