@@ -128,15 +128,23 @@ def tensor_cuda(
 
 
 def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
-    """No page-locking on a simulated GPU: pinned or not, the data and every result are the same."""
+    """`Tensor.pin_memory`: a copy in "pinned" host memory, as on a GPU host (itself if already pinned).
+
+    A simulated GPU reads host memory directly, so nothing is page-locked: the copy's
+    storage is only marked, so that `is_pinned()` answers as on a GPU host.
+    """
     if type(self) is SimCudaTensor:
         raise RuntimeError(f"cannot pin '{self.type()}' only dense CPU tensors can be pinned")
-    return self
+    if is_pinned(self):
+        return self
+    out = self.clone()
+    out.untyped_storage()._accel_pinned = True  # type: ignore[attr-defined]  # storages keep one Python object
+    return out
 
 
 def is_pinned(self: torch.Tensor, device: Any = None) -> bool:
-    """Host memory counts as pinned (a simulated GPU reads it directly), as C++ is told too (`torch_internals`)."""
-    return type(self) is not SimCudaTensor and self.device.type == "cpu"
+    """`Tensor.is_pinned`: true for what `pin_memory()` gave (C++ is told all host memory is, see `torch_internals`)."""
+    return type(self) is not SimCudaTensor and getattr(self.untyped_storage(), "_accel_pinned", False)
 
 
 def tensor(

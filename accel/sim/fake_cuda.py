@@ -62,6 +62,11 @@ __all__ = [
 ]
 
 
+#: what `torch.version.cuda` says in a simulated GPU rank: the CUDA of torch's default GPU wheels
+#: (code that checks for a CUDA build, as DDP's bf16 compression hook does, takes its GPU branch)
+CUDA_VERSION = "12.8"
+
+
 class SimulatedDeviceError(RuntimeError):
     """Something a real GPU can do that a simulated one cannot (the message names it)."""
 
@@ -211,6 +216,7 @@ def _patches() -> dict[str, Any]:
     return {
         "is_available": lambda: True,
         "is_initialized": lambda: True,
+        "_is_in_bad_fork": lambda: False,  # nothing of a GPU driver is inherited across a fork
         "init": none,
         "_lazy_init": none,
         "device_count": lambda: gpus().count,
@@ -332,6 +338,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
     if not _registered:
         torch_internals.register_python_backend(cuda_state.HIDDEN_DEVICE, _HiddenDeviceModule())
         torch_internals.serve_pinned_memory()
+        torch_internals.answer_cuda_bad_fork()
         # The hidden device's guard reports one device: autograd then runs every node on
         # the thread that called backward() (the results are the same).
         torch.autograd.set_multithreading_enabled(False)
@@ -346,6 +353,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         cuda_group.register()
         torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
         torch.compile = _refuse_compile  # same call, refused
+        torch.version.cuda = CUDA_VERSION  # a CPU build says None
         _registered.append(True)
     cuda_tensor.set_device_count(count)
     for name, replacement in _patches().items():

@@ -527,3 +527,9 @@ def serve_pinned_memory() -> None:
     copy[2 + order.index("isPinnedPtr")] = ctypes.cast(pinned, ctypes.c_void_p).value
     _KEEP_ALIVE.extend([copy, pinned])
     vptr.value = ctypes.addressof(copy) + 2 * ctypes.sizeof(ctypes.c_void_p)
+
+
+def answer_cuda_bad_fork() -> None:
+    """`torch._C._cuda_isInBadFork()`, which a CUDA build has and code asks directly (Accelerate's notebook
+    launcher checks a fork left CUDA usable): false, nothing of a GPU driver is inherited across a fork."""
+    torch._C._cuda_isInBadFork = lambda: False  # type: ignore[attr-defined]  # a CPU build lacks it

@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import dataclasses
 import faulthandler
+import multiprocessing
 import os
 import pickle
 import signal
@@ -67,6 +68,9 @@ def serve(config: dict[str, Any], conn: Any, coverage: Any = None) -> None:
     _coverage_started = coverage
     _bind_lifetime_to_parent()
     _redirect_output(config["workdir"], config["rank"])
+    # Started by the fork server, this process inherited its start method; a process torchrun
+    # starts has the platform's default (DataLoader workers fork from the rank, as they do there).
+    multiprocessing.set_start_method(None, force=True)
     try:
         slate = _set_up(config, conn)
         _one_rank_group(config["world_size"])

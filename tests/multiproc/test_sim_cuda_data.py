@@ -20,9 +20,13 @@ def test_pinned_loader_non_blocking_copies_streams_and_events(rank):
     torch.cuda.synchronize()
     assert seen == [6.0, 22.0]
     assert torch.ones(2).pin_memory().device.type == "cpu"
-    # pinned host memory, asked in Python or by torch's C++ (pin_memory=True factories)
-    assert torch.ones(2).pin_memory().is_pinned() and torch.empty(2, pin_memory=True).is_pinned()
-    assert not torch.ones(2, device="cuda").is_pinned()
+    # pinned host memory: a pinned copy, as on a GPU host; torch's C++ gets pinned memory too
+    plain = torch.ones(2)
+    pinned = plain.pin_memory()
+    assert pinned.is_pinned() and not plain.is_pinned() and pinned.pin_memory() is pinned
+    assert torch.equal(pinned, plain) and pinned.data_ptr() != plain.data_ptr()
+    assert torch.empty(2, pin_memory=True).shape == (2,) and not torch.ones(2, device="cuda").is_pinned()
+    assert next(iter(DataLoader(dataset, batch_size=4, pin_memory=True)))[0].is_pinned()
 
     side = torch.cuda.Stream()
     x = torch.ones(3, device="cuda")
@@ -116,3 +120,25 @@ def test_a_cpu_generator_is_refused_by_gpu_random_ops():
     with pytest.raises(RuntimeError, match=message):
         torch.empty(3, device="cuda").normal_(generator=generator)
     assert torch.randn(3, generator=generator).device.type == "cpu"  # CPU tensors still take it
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_loader_workers_start_as_under_torchrun(rank):
+    # a rank has the platform's default start method, as a process torchrun starts has
+    import multiprocessing
+    import sys
+
+    default = "fork" if sys.platform.startswith("linux") and sys.version_info < (3, 14) else None
+    if default is not None:
+        assert multiprocessing.get_start_method() == default
+    dataset = TensorDataset(torch.arange(16.0))
+    loader = DataLoader(dataset, batch_size=4, num_workers=2, pin_memory=True)
+    batches = [b.to("cuda", non_blocking=True) for (b,) in loader]
+    assert [b.sum().item() for b in batches] == [6.0, 22.0, 38.0, 54.0]
+    assert batches[0].device == torch.device("cuda", rank)
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_torch_looks_like_a_cuda_build():
+    assert torch.version.cuda is not None and not torch.cuda._is_in_bad_fork()
+    assert torch._C._cuda_isInBadFork() is False
