@@ -1,144 +1,125 @@
-"""A process group that carries simulated CUDA tensors over Gloo.
+"""The simulated GPU's "cpu:gloo,cuda:nccl" group: CPU tensors over Gloo, CUDA tensors NCCL's way.
 
-Gloo moves CPU tensors only, and DDP's C++ reducer hands its process group the
-gradient buckets it allocated on the model's device. This group, written in Python,
-takes CUDA tensors of simulated GPUs (and CPU tensors, like a "cpu:gloo,cuda:nccl"
-group), gives Gloo the CPU data under them (same storage, so results land in place),
-and waits for Gloo before returning. It is the default group of simulated GPU ranks
-under the name `BACKEND_NAME`; the NCCL-like group of issue 8 item 4 (which refuses CPU
-tensors, as NCCL does) builds on the same idea.
+On a GPU node, `init_process_group("cpu:gloo,cuda:nccl")` (torchtitan's choice, to save
+checkpoints of CPU tensors) gives a group that sends each collective to the backend of
+its tensors' device. In a simulated GPU rank that group is a `SimCudaGroup`, registered
+under `BACKEND_NAME`: a collective on CPU tensors is Gloo's own (its checks, its work
+objects, under way when returned), one on simulated CUDA tensors is the simulated NCCL
+group's (`accel.sim.nccl_group`: NCCL's shapes, reductions and refusals), both on the
+same Gloo group. A CPU tensor among CUDA ones is refused as NCCL refuses it.
 """
 
 from __future__ import annotations
 
-import datetime
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as _options
 
 from accel.sim import torch_internals
-from accel.sim.cuda_tensor import unwrap
+from accel.sim.cuda_tensor import is_simulated_cuda
+from accel.sim.nccl_group import PythonGroup, SimNcclGroup
+
+__all__ = ["BACKEND_NAME", "PythonGroup", "SimCudaGroup", "register"]
 
 #: the name under which `torch.distributed` knows this group
 BACKEND_NAME = "accel_sim_cuda"
 
 
-def _cpu(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [unwrap(t) for t in tensors]
+def _tensors(items: Any) -> list[torch.Tensor]:
+    if isinstance(items, torch.Tensor):
+        return [items]
+    if isinstance(items, (list, tuple)):
+        return [t for item in items for t in _tensors(item)]
+    return []
 
 
-def _cpu_lists(lists: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
-    return [_cpu(tensors) for tensors in lists]
+def _on_cpu(args: tuple, count: int) -> bool:
+    """Whether the first `count` arguments of a call (its tensors) are all CPU tensors."""
+    tensors = _tensors(list(args[:count]))
+    return bool(tensors) and not any(is_simulated_cuda(t) for t in tensors)
 
 
-def _finished(work: Any, result: Any) -> Any:
-    # Gloo's work holds the CPU tensors; the caller's future must hold its own tensors.
-    work.wait()
-    return torch_internals.completed_work(result)
+def _given(opts: Any) -> tuple[Any, ...]:
+    return () if opts is None else (opts,)
 
 
-#: the base class, typed loosely: torch's stubs declare its methods with overloads a
-#: Python process group does not need to repeat
-_ProcessGroup: Any = dist.ProcessGroup
+def _pairwise(method: str) -> Callable[..., Any]:
+    """The coalesced form of Gloo's `method` (which Gloo's Python binding lacks): one call per pair."""
+
+    def run(gloo: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
+        for output, input in zip(outputs, inputs, strict=True):
+            getattr(gloo, method)(output, input, *_given(opts)).wait()
+        return torch_internals.completed_work(outputs)
+
+    return run
 
 
-class PythonGroup(_ProcessGroup):
-    """Base of the simulator's process groups written in Python.
+#: group method -> (how many leading arguments hold its tensors, what runs it on Gloo for CPU tensors)
+_CPU_ROUTES: dict[str, tuple[int, Callable[..., Any]]] = {
+    **{
+        name: (1, lambda gloo, *args, _name=name: getattr(gloo, _name)(*args))
+        for name in ("allreduce", "allreduce_coalesced", "broadcast", "reduce", "send", "recv", "recv_anysource")
+    },
+    **{
+        name: (2, lambda gloo, *args, _name=name: getattr(gloo, _name)(*args))
+        for name in ("allgather", "allgather_coalesced", "reduce_scatter", "gather", "scatter", "alltoall")
+    },
+    "all_gather_single": (2, lambda gloo, *args: gloo._allgather_base(*args)),
+    "reduce_scatter_single": (2, lambda gloo, *args: gloo._reduce_scatter_base(*args)),
+    "all_to_all_single": (2, lambda gloo, *args: gloo.alltoall_base(*args)),
+    "all_gather_single_coalesced": (2, _pairwise("_allgather_base")),
+    "reduce_scatter_single_coalesced": (2, _pairwise("_reduce_scatter_base")),
+}
+#: torch's other names for the same methods
+_ALIASES = {
+    "_allgather_base": "all_gather_single",
+    "_reduce_scatter_base": "reduce_scatter_single",
+    "alltoall_base": "all_to_all_single",
+    "allgather_into_tensor_coalesced": "all_gather_single_coalesced",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_single_coalesced",
+}
 
-    Such a group has no C++ backend to keep its name and description in (torch's getter
-    would raise "ProcessGroup name not set", e.g. for a subgroup): it keeps them itself.
-    """
 
-    def _set_group_name(self, name: str) -> None:
-        self._group_name = name
+def _routed(name: str) -> Callable[..., Any]:
+    """Group method `name`: Gloo's for CPU tensors, the simulated NCCL group's otherwise."""
+    count, on_gloo = _CPU_ROUTES[_ALIASES.get(name, name)]
+    on_nccl = getattr(SimNcclGroup, name)
 
-    @property
-    def group_name(self) -> str:
-        return getattr(self, "_group_name", "")
+    def method(self: SimCudaGroup, *args: Any) -> Any:
+        if not _on_cpu(args, count):
+            return on_nccl(self, *args)
+        while args and args[-1] is None:  # Gloo's bindings have their own default options
+            args = args[:-1]
+        work = on_gloo(self._gloo, *args)
+        if name in ("send", "recv", "recv_anysource") and self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
-    def _set_group_desc(self, desc: str) -> None:
-        self._group_desc = desc
-
-    @property
-    def group_desc(self) -> str:
-        return getattr(self, "_group_desc", "")
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"`{name}`: Gloo's for CPU tensors, NCCL's (simulated) for CUDA tensors."
+    return method
 
 
-class SimCudaGroup(PythonGroup):
-    """Collectives on simulated CUDA (and CPU) tensors, carried by a Gloo group of the same ranks."""
-
-    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
-        super().__init__(rank, size)
-        self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
+class SimCudaGroup(SimNcclGroup):
+    """Collectives on CPU tensors by Gloo, on simulated CUDA tensors as the simulated NCCL group runs them."""
 
     def getBackendName(self) -> str:  # torch's name
         return BACKEND_NAME
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return _finished(self._gloo.allreduce(_cpu(tensors), opts or dist.AllreduceOptions()), tensors)
+    @property
+    def _device_types(self) -> list[torch.device]:
+        # both backends' devices; torch's object collectives then pick the CPU, as for this string on a GPU node
+        return [torch.device("cpu"), torch.device("cuda")]
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        options = opts or dist.AllreduceCoalescedOptions()
-        return _finished(self._gloo.allreduce_coalesced(_cpu(tensors), options), tensors)
+    def _get_backend(self, device: Any) -> Any:
+        """Gloo for the CPU, this group for CUDA."""
+        return self._gloo if torch.device(device).type == "cpu" else super()._get_backend(device)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return _finished(self._gloo.broadcast(_cpu(tensors), opts or dist.BroadcastOptions()), tensors)
 
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        options = opts or _options.AllgatherOptions()
-        return _finished(self._gloo.allgather(_cpu_lists(outputs), _cpu(inputs), options), outputs)
-
-    def _allgather_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Any:
-        options = opts or _options.AllgatherOptions()
-        return _finished(self._gloo._allgather_base(unwrap(output), unwrap(tensor), options), [output])
-
-    def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Any:
-        return self._allgather_base(output, tensor, opts)
-
-    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
-        options = opts or dist.ReduceScatterOptions()
-        return _finished(self._gloo.reduce_scatter(_cpu(outputs), _cpu_lists(inputs), options), outputs)
-
-    def _reduce_scatter_base(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Any:
-        options = opts or dist.ReduceScatterOptions()
-        return _finished(self._gloo._reduce_scatter_base(unwrap(output), unwrap(tensor), options), [output])
-
-    def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> Any:
-        return self._reduce_scatter_base(output, tensor, opts)
-
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
-        return _finished(self._gloo.reduce(_cpu(tensors), opts or dist.ReduceOptions()), tensors)
-
-    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        options = opts or dist.GatherOptions()
-        return _finished(self._gloo.gather(_cpu_lists(outputs), _cpu(inputs), options), outputs)
-
-    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
-        options = opts or dist.ScatterOptions()
-        return _finished(self._gloo.scatter(_cpu(outputs), _cpu_lists(inputs), options), outputs)
-
-    def alltoall_base(
-        self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list, input_splits: list, opts: Any = None
-    ) -> Any:
-        options = opts or dist.AllToAllOptions()
-        work = self._gloo.alltoall_base(unwrap(output), unwrap(tensor), output_splits, input_splits, options)
-        return _finished(work, [output])
-
-    def all_to_all_single(
-        self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list, input_splits: list, opts: Any = None
-    ) -> Any:
-        return self.alltoall_base(output, tensor, output_splits, input_splits, opts)
-
-    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
-        return _finished(self._gloo.send(_cpu(tensors), dst, tag), tensors)
-
-    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
-        return _finished(self._gloo.recv(_cpu(tensors), src, tag), tensors)
-
-    def barrier(self, opts: Any = None) -> Any:
-        return _finished(self._gloo.barrier(opts or dist.BarrierOptions()), [])
+for _name in (*_CPU_ROUTES, *_ALIASES):
+    setattr(SimCudaGroup, _name, _routed(_name))
 
 
 def register() -> None:
