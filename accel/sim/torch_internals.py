@@ -517,7 +517,11 @@ def serve_pinned_memory() -> None:
     get_hooks.restype = ctypes.c_void_p
     hooks = get_hooks()
     cpu_allocator = ctypes.cast(_torch_library("c10")._ZN3c1015GetCPUAllocatorEv, ctypes.c_void_p).value
+    if not hooks:
+        raise UnsupportedTorchError("torch has no PrivateUse1 hooks registered: register the backend first")
     vptr = ctypes.c_void_p.from_address(hooks)
+    if not vptr.value:
+        raise UnsupportedTorchError(f"torch {torch.__version__}: the PrivateUse1 hooks have no virtual table")
     # two words before the first slot: offset to top and type info (kept for dynamic_cast / typeid)
     size = len(order) + 2
     table = (ctypes.c_void_p * size).from_address(vptr.value - 2 * ctypes.sizeof(ctypes.c_void_p))
