@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from accel.sim import torch_internals
 from accel.sim.cuda_tensor import is_simulated_cuda
-from accel.sim.nccl_group import PythonGroup, SimNcclGroup
+from accel.sim.nccl_group import PythonGroup, SimNcclGroup, gloo_all_gather_single, gloo_reduce_scatter_single
 
 __all__ = ["BACKEND_NAME", "PythonGroup", "SimCudaGroup", "register"]
 
@@ -45,12 +45,12 @@ def _given(opts: Any) -> tuple[Any, ...]:
     return () if opts is None else (opts,)
 
 
-def _pairwise(method: str) -> Callable[..., Any]:
-    """The coalesced form of Gloo's `method` (which Gloo's Python binding lacks): one call per pair."""
+def _pairwise(single: Callable[..., Any]) -> Callable[..., Any]:
+    """The coalesced form of Gloo's collective `single` (which Gloo's Python binding lacks): one call per pair."""
 
     def run(gloo: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         for output, input in zip(outputs, inputs, strict=True):
-            getattr(gloo, method)(output, input, *_given(opts)).wait()
+            single(gloo, output, input, *_given(opts)).wait()
         return torch_internals.completed_work(outputs)
 
     return run
@@ -66,11 +66,11 @@ _CPU_ROUTES: dict[str, tuple[int, Callable[..., Any]]] = {
         name: (2, lambda gloo, *args, _name=name: getattr(gloo, _name)(*args))
         for name in ("allgather", "allgather_coalesced", "reduce_scatter", "gather", "scatter", "alltoall")
     },
-    "all_gather_single": (2, lambda gloo, *args: gloo._allgather_base(*args)),
-    "reduce_scatter_single": (2, lambda gloo, *args: gloo._reduce_scatter_base(*args)),
+    "all_gather_single": (2, gloo_all_gather_single),
+    "reduce_scatter_single": (2, gloo_reduce_scatter_single),
     "all_to_all_single": (2, lambda gloo, *args: gloo.alltoall_base(*args)),
-    "all_gather_single_coalesced": (2, _pairwise("_allgather_base")),
-    "reduce_scatter_single_coalesced": (2, _pairwise("_reduce_scatter_base")),
+    "all_gather_single_coalesced": (2, _pairwise(gloo_all_gather_single)),
+    "reduce_scatter_single_coalesced": (2, _pairwise(gloo_reduce_scatter_single)),
 }
 #: torch's other names for the same methods
 _ALIASES = {
