@@ -300,6 +300,9 @@ def _signature(name: str, index: dict[str, int], args: tuple, kwargs: dict) -> s
     """The call as ranks must agree on it, e.g. ``all_reduce(float32[4, 2], op=SUM)``."""
     tensors, others = RULES[name]
     parts = [_describe(_argument(param, index, args, kwargs)) for param in tensors]
+    if name in _UNEVEN_ON_NCCL and _is_nccl(_argument("group", index, args, kwargs)):
+        # NCCL gathers / scatters tensors of different sizes (each rank's list names them): the dtype must agree
+        parts = [str(_argument(_UNEVEN_ON_NCCL[name], index, args, kwargs).dtype).removeprefix("torch.")]
     if name == "broadcast_object_list":
         parts.append(f"{len(_argument('object_list', index, args, kwargs) or ())} objects")
     for param in others:
@@ -309,7 +312,21 @@ def _signature(name: str, index: dict[str, int], args: tuple, kwargs: dict) -> s
     return f"{name}({', '.join(parts)})"
 
 
+#: list collectives whose own tensor may differ in size between ranks on NCCL -> that tensor's parameter
+_UNEVEN_ON_NCCL = {"all_gather": "tensor", "reduce_scatter": "output"}
+
+
+def _is_nccl(group: Any) -> bool:
+    try:
+        return dist.get_backend(group) == "nccl"
+    except (ValueError, RuntimeError):  # not a member, or no group: the call itself will say so
+        return False
+
+
 def _describe(value: Any) -> str:
+    if isinstance(value, dist.ReduceOp) and hasattr(value, "op"):
+        # PREMUL_SUM is an op object (with its factor): its kind is what ranks must agree on
+        return str(value.op).rsplit(".", 1)[-1]
     if isinstance(value, torch.Tensor):
         return f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
     if isinstance(value, (list, tuple)):

@@ -662,7 +662,7 @@ class SimNcclGroup(PythonGroup):
     def _gather_flat(self, output: torch.Tensor, input: torch.Tensor) -> None:
         # Gloo checks shapes; NCCL sends buffers: both as 1-D views of the same memory
         if input.numel():
-            gloo_all_gather_single(self._gloo, _flat(output), _flat(input)).wait()
+            torch_internals.gloo_all_gather_single(self._gloo, _flat(output), _flat(input)).wait()
 
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
@@ -740,7 +740,7 @@ class SimNcclGroup(PythonGroup):
         """Reduce-scatter `contribution` (a 1-D tensor Gloo may overwrite) into `output`, as one buffer."""
         if output.numel():
             options = how.options(opts, dist.ReduceScatterOptions)
-            gloo_reduce_scatter_single(self._gloo, _flat(output), contribution, options).wait()
+            torch_internals.gloo_reduce_scatter_single(self._gloo, _flat(output), contribution, options).wait()
         how.finish(output)
 
     def reduce_scatter_single_coalesced(
@@ -995,18 +995,3 @@ def install() -> None:
     for module, name, replacement in patches:
         _installed.append((module, name, getattr(module, name)))
         setattr(module, name, replacement)
-
-
-# -- private torch APIs used here, to move to accel.sim.torch_internals -----------------------------
-# ProcessGroupGloo's Python binding has its single-tensor collectives under their old private
-# names only (no `all_gather_single` / `reduce_scatter_single` on the Gloo object itself).
-
-
-def gloo_all_gather_single(gloo: Any, output: torch.Tensor, input: torch.Tensor, *opts: Any) -> Any:
-    """Gloo's all-gather into one output tensor (`ProcessGroupGloo._allgather_base`)."""
-    return gloo._allgather_base(output, input, *opts)
-
-
-def gloo_reduce_scatter_single(gloo: Any, output: torch.Tensor, input: torch.Tensor, *opts: Any) -> Any:
-    """Gloo's reduce-scatter of one input tensor (`ProcessGroupGloo._reduce_scatter_base`)."""
-    return gloo._reduce_scatter_base(output, input, *opts)

@@ -69,6 +69,8 @@ INTERNALS: dict[str, str] = {
     "torch._C.TensorBase.is_cuda": "DTensor and other wrappers of simulated CUDA tensors are CUDA tensors",
     "torch._C._distributed_c10d.Logger": "DDP does not warn that it has no timer for the hidden device",
     "torch.distributed.distributed_c10d._resolve_process_group": "functional collectives name their group",
+    "torch._C._distributed_c10d.ProcessGroupGloo._allgather_base": "Gloo carries all_gather_single",
+    "torch._C._distributed_c10d.ProcessGroupGloo._reduce_scatter_base": "Gloo carries reduce_scatter_single",
 }
 
 
@@ -537,3 +539,18 @@ def answer_cuda_bad_fork() -> None:
     """`torch._C._cuda_isInBadFork()`, which a CUDA build has and code asks directly (Accelerate's notebook
     launcher checks a fork left CUDA usable): false, nothing of a GPU driver is inherited across a fork."""
     torch._C._cuda_isInBadFork = lambda: False  # type: ignore[attr-defined]  # a CPU build lacks it
+
+
+# -- Gloo's single-tensor collectives ------------------------------------------------------------------
+# ProcessGroupGloo's Python binding has them under their old private names only (no
+# `all_gather_single` / `reduce_scatter_single` on the Gloo object itself).
+
+
+def gloo_all_gather_single(gloo: Any, output: torch.Tensor, input: torch.Tensor, *opts: Any) -> Any:
+    """Gloo's all-gather into one output tensor (`ProcessGroupGloo._allgather_base`)."""
+    return gloo._allgather_base(output, input, *opts)
+
+
+def gloo_reduce_scatter_single(gloo: Any, output: torch.Tensor, input: torch.Tensor, *opts: Any) -> Any:
+    """Gloo's reduce-scatter of one input tensor (`ProcessGroupGloo._reduce_scatter_base`)."""
+    return gloo._reduce_scatter_base(output, input, *opts)

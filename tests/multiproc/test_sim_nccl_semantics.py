@@ -96,8 +96,8 @@ def test_reduce_scatter_tensor_checks_element_counts_not_shapes(rank, world_size
         dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.float64, device="cuda"), source)
 
 
-# Uneven all_gather inputs are legal on NCCL; the collective check asks for equal shapes: off here.
-@distributed_test(world_size=SIZES, device="cuda", check_collectives=False)
+# Uneven all_gather inputs are legal on NCCL (the collective check compares only their dtype there).
+@distributed_test(world_size=SIZES, device="cuda")
 def test_all_gather_and_reduce_scatter_lists_take_any_shapes(rank, world_size):
     import torch.distributed as dist
 
@@ -158,9 +158,8 @@ def test_avg(rank, world_size):
     assert flags.tolist() == [True, False]
 
 
-# The collective check compares reduce ops by their text, which for a PREMUL_SUM op made by
-# _make_nccl_premul_sum is an object address that differs between ranks: off for these.
-@distributed_test(world_size=SIZES, device="cuda", check_collectives=False)
+# The collective check compares a PREMUL_SUM op made by _make_nccl_premul_sum by its kind.
+@distributed_test(world_size=SIZES, device="cuda")
 def test_premul_sum(rank, world_size):
     import torch.distributed as dist
 
