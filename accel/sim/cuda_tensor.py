@@ -262,6 +262,18 @@ def set_data(tensor: torch.Tensor, new: torch.Tensor) -> bool:
     return True
 
 
+def check_grad(tensor: torch.Tensor, grad: Any) -> None:
+    """Before `tensor.grad = grad`: a gradient on another kind of device fails as on a GPU (CUDA's words)."""
+    if not isinstance(grad, torch.Tensor):
+        return
+    kinds = (grad.device.type, tensor.device.type)
+    if kinds[0] != kinds[1] and "cuda" in kinds:
+        raise RuntimeError(
+            f"attempting to assign a gradient with device type '{grad.device.type}' to a tensor with device type "
+            f"'{tensor.device.type}'. Please ensure that the gradient and the tensor are on the same device"
+        )
+
+
 # -- dispatch ------------------------------------------------------------------------------------
 
 _SEEDED = torch.Tag.nondeterministic_seeded

@@ -347,6 +347,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         cuda_checkpoint.install()
         torch_internals.allow_foreach(cuda_tensor.SimCudaTensor)
         torch_internals.patch_data_setter(cuda_tensor.set_data)
+        torch_internals.check_grad_device(cuda_tensor.check_grad)
         torch_internals.show_hidden_as(cuda_state.HIDDEN_DEVICE, lambda index: cuda_state.gpus().devices[index])
         cuda_accelerator.install()
         cuda_tensor.add_special(cuda_functional.handlers())

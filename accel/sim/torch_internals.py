@@ -66,6 +66,7 @@ INTERNALS: dict[str, str] = {
     "torch._C._accelerator_getAccelerator": "torch.accelerator.current_accelerator() answers CUDA",
     "torch._C.TensorBase.data": "`param.data = x` moves a parameter onto or off a simulated GPU",
     "torch._C.TensorBase.device": "DTensor and other wrappers of simulated CUDA tensors report CUDA",
+    "torch._C.TensorBase.grad": "assigning a gradient on the wrong device fails with CUDA's words",
     "torch._C.TensorBase.is_cuda": "DTensor and other wrappers of simulated CUDA tensors are CUDA tensors",
     "torch._C._distributed_c10d.Logger": "DDP does not warn that it has no timer for the hidden device",
     "torch.distributed.distributed_c10d._resolve_process_group": "functional collectives name their group",
@@ -554,3 +555,19 @@ def gloo_all_gather_single(gloo: Any, output: torch.Tensor, input: torch.Tensor,
 def gloo_reduce_scatter_single(gloo: Any, output: torch.Tensor, input: torch.Tensor, *opts: Any) -> Any:
     """Gloo's reduce-scatter of one input tensor (`ProcessGroupGloo._reduce_scatter_base`)."""
     return gloo._reduce_scatter_base(output, input, *opts)
+
+
+def check_grad_device(check: Callable[[torch.Tensor, Any], None]) -> None:
+    """`tensor.grad = g` calls `check(tensor, g)` first (it raises with the GPU's words), then torch's setter.
+
+    torch's own check runs in C++ and names the hidden device; `.grad` is a C descriptor
+    of `TensorBase`, which `torch.Tensor` shadows with a property (its getter is torch's).
+    """
+    descriptor: Any = torch._C.TensorBase.grad
+    put = descriptor.__set__
+
+    def grad_setter(self: torch.Tensor, new: Any) -> None:
+        check(self, new)
+        put(self, new)
+
+    torch.Tensor.grad = property(descriptor.__get__, grad_setter, descriptor.__delete__, doc=descriptor.__doc__)  # type: ignore[assignment]  # simulated ranks only

@@ -149,3 +149,20 @@ def test_tensors_wrapping_simulated_ones_report_cuda(rank, world_size):
     assert dt.to_local().tolist() == [4.0 * rank + i for i in range(4)]
     assert "simcuda" not in repr(dt) and mesh.device_type == "cuda"
     assert dist.get_backend(mesh.get_group()) == "nccl"
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_errors_raised_to_python_name_cuda(rank):
+    p = torch.zeros(2, device="cuda", requires_grad=True)
+    with pytest.raises(
+        RuntimeError,
+        match="^attempting to assign a gradient with device type 'cpu' to a tensor with device type 'cuda'",
+    ):
+        p.grad = torch.zeros(2)
+    p.grad = torch.ones(2, device="cuda")
+    assert p.grad.tolist() == [1.0, 1.0]
+    del p.grad
+    assert p.grad is None
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device") as info:
+        torch.ones(2, device="cuda") + torch.ones(2)
+    assert "simcuda" not in str(info.value)
