@@ -34,6 +34,7 @@ import json
 import mmap
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -94,7 +95,7 @@ class _Watch:
 
     def __init__(self) -> None:
         self.rank = 0
-        self.depth = 0
+        self._threads = threading.local()
         self.count = 0
         #: every watched call of the task, point-to-point ones included (the parent sees progress)
         self.calls = 0
@@ -104,6 +105,15 @@ class _Watch:
         self.board: mmap.mmap | None = None
         self.store: Any = None
         self.prefix_store: Any = None
+
+    @property
+    def depth(self) -> int:
+        """How deep the calling thread is in watched collectives (each thread calls its own)."""
+        return getattr(self._threads, "depth", 0)
+
+    @depth.setter
+    def depth(self, value: int) -> None:
+        self._threads.depth = value
 
     # -- per task ---------------------------------------------------------------------
 
@@ -144,12 +154,13 @@ class _Watch:
         if faults.armed():
             faults.at_collective(self.count)
         ranks, group_name = _group_of(group)
-        seq = self.sequences.get(group_name, 0) + 1
-        self.sequences[group_name] = seq
-        self._waiting(name, ranks, group_name, seq)
+        channel = _channel(name, index, args, kwargs, group, group_name)
+        seq = self.sequences.get(channel, 0) + 1
+        self.sequences[channel] = seq
+        self._waiting(name, ranks, channel, seq)
         try:
             if self.check and len(ranks) > 1:
-                self._check(name, index, args, kwargs, ranks, group_name, seq)
+                self._check(name, index, args, kwargs, ranks, channel, seq)
             return original(*args, **kwargs)
         finally:
             self._idle()
@@ -192,17 +203,22 @@ class _Watch:
         raise CollectiveMismatch(_mismatch_text(calls, seq, group_name, ranks), calls)
 
     def _store(self) -> Any:
-        if self.prefix_store is None:
-            if self.store is None:
-                self.store = dist.TCPStore(
-                    os.environ["MASTER_ADDR"],
-                    int(os.environ["MASTER_PORT"]),
-                    is_master=False,
-                    timeout=datetime.timedelta(seconds=check_timeout()),
-                    wait_for_workers=False,
-                )
-            self.prefix_store = dist.PrefixStore(f"accel-check/{self.task}/", self.store)
-        return self.prefix_store
+        # A client of the rendezvous store per thread: a client waits for its peers' keys
+        # holding its connection, which another thread's check must not wait behind.
+        local = self._threads
+        if getattr(local, "store", None) is None:
+            local.store = self.store = dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                is_master=False,
+                timeout=datetime.timedelta(seconds=check_timeout()),
+                wait_for_workers=False,
+            )
+        if getattr(local, "task", None) != self.task or self.prefix_store is None:
+            local.prefix_store = dist.PrefixStore(f"accel-check/{self.task}/", local.store)
+            local.task = self.task
+            self.prefix_store = local.prefix_store
+        return local.prefix_store
 
     # -- the board the parent reads -----------------------------------------------------
 
@@ -294,6 +310,27 @@ def _group_of(group: Any) -> tuple[list[int], str]:
     if group is None or group is c10d.GroupMember.WORLD:
         return list(range(dist.get_world_size())), "default"
     return dist.get_process_group_ranks(group), str(getattr(group, "group_name", "") or id(group))
+
+
+def _channel(name: str, index: dict[str, int], args: tuple, kwargs: dict, group: Any, group_name: str) -> str:
+    """What numbers the collective: its group, and in a group of several backends the backend it runs on.
+
+    A "cpu:gloo,cuda:nccl" group sends collectives on CPU tensors (and object collectives)
+    to Gloo and those on GPU tensors to NCCL: two communicators, each with its own order, so
+    that one thread may checkpoint over Gloo while another trains over NCCL.
+    """
+    try:
+        devices = (group or c10d._get_default_group())._device_types
+    except (AttributeError, RuntimeError, ValueError):
+        return group_name
+    if len(devices) < 2:
+        return group_name
+    tensors = [_argument(param, index, args, kwargs) for param in RULES[name][0]]
+    while tensors and isinstance(tensors[0], (list, tuple)):
+        tensors = list(tensors[0])
+    first = tensors[0] if tensors else None
+    kind = first.device.type if isinstance(first, torch.Tensor) else c10d._get_object_coll_device(group)
+    return f"{group_name}:{kind}"
 
 
 def _signature(name: str, index: dict[str, int], args: tuple, kwargs: dict) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives  # defines _c10d_functional._wrap_tensor_autograd
 
 from accel.sim import torch_internals
 
@@ -120,6 +121,9 @@ def handlers() -> dict[Any, Callable[[tuple, dict], Any]]:
         functional.broadcast.default: lambda a, k: _broadcast_(_copy(a[0]), a[1], a[2]),
         functional.broadcast_.default: lambda a, k: _broadcast_(a[0], a[1], a[2]),
         functional.wait_tensor.default: lambda a, k: a[0],  # finished when issued
+        # funcol wraps each result for a later wait: run on the inner CPU tensor, that wrapper
+        # (a tensor without storage) would become the data of the simulated CUDA tensor
+        functional._wrap_tensor_autograd.default: lambda a, k: torch.ops.aten.alias.default(a[0]),
         functional.isend.default: _refused("isend"),
         functional.irecv.default: _refused("irecv"),
         functional.batch_p2p_ops.default: _refused("batch_p2p_ops"),

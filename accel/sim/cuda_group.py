@@ -5,12 +5,15 @@ checkpoints of CPU tensors) gives a group that sends each collective to the back
 its tensors' device. In a simulated GPU rank that group is a `SimCudaGroup`, registered
 under `BACKEND_NAME`: a collective on CPU tensors is Gloo's own (its checks, its work
 objects, under way when returned), one on simulated CUDA tensors is the simulated NCCL
-group's (`accel.sim.nccl_group`: NCCL's shapes, reductions and refusals), both on the
-same Gloo group. A CPU tensor among CUDA ones is refused as NCCL refuses it.
+group's (`accel.sim.nccl_group`: NCCL's shapes, reductions and refusals), each on a Gloo
+group of its own, as the two backends are two communicators on a GPU node (DCP's
+`async_save` runs its CPU collectives in a thread while training runs the GPUs'). A CPU
+tensor among CUDA ones is refused as NCCL refuses it.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +96,7 @@ def _routed(name: str) -> Callable[..., Any]:
             return on_nccl(self, *args)
         while args and args[-1] is None:  # Gloo's bindings have their own default options
             args = args[:-1]
-        work = on_gloo(self._gloo, *args)
+        work = on_gloo(self._cpu_gloo, *args)
         if name in ("send", "recv", "recv_anysource") and self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -106,6 +109,12 @@ def _routed(name: str) -> Callable[..., Any]:
 class SimCudaGroup(SimNcclGroup):
     """Collectives on CPU tensors by Gloo, on simulated CUDA tensors as the simulated NCCL group runs them."""
 
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(store, rank, size, timeout)
+        # The CPU backend's own communicator, as on a GPU node (Gloo beside NCCL): collectives on
+        # CPU tensors (async_save's, from its thread) may run while the GPUs' run (training).
+        self._cpu_gloo: Any = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, size, timeout)
+
     def getBackendName(self) -> str:  # torch's name
         return BACKEND_NAME
 
@@ -116,7 +125,7 @@ class SimCudaGroup(SimNcclGroup):
 
     def _get_backend(self, device: Any) -> Any:
         """Gloo for the CPU, this group for CUDA."""
-        return self._gloo if torch.device(device).type == "cpu" else super()._get_backend(device)
+        return self._cpu_gloo if torch.device(device).type == "cpu" else super()._get_backend(device)
 
 
 for _name in (*_CPU_ROUTES, *_ALIASES):
