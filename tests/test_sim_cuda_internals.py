@@ -107,5 +107,18 @@ def test_each_internal_does_its_job_in_a_rank(rank, tmp_path):
     pinned = torch.empty(2, pin_memory=True)  # serve_pinned_memory: C++ gets an allocator, and is told it is pinned
     checks["serve_pinned_memory"] = torch._C.TensorBase.is_pinned(pinned) and pinned.device.type == "cpu"
     checks["silence_ddp_time_stats"] = dist.Logger.set_runtime_stats_and_log(None) is None
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    torch.manual_seed(0)
+    sharded = distribute_tensor(torch.zeros(4, 2, device="cuda"), init_device_mesh("cuda", (2,)), [Shard(0)])
+    sharded.uniform_()  # its fake kernel calls Tensor.copy_, which opens a device guard; each shard draws its own
+    whole = sharded.full_tensor()
+    drawn = not torch.equal(whole[:2], whole[2:])
+    checks["propagate_dtensor_meta_on + seed_dtensor_shards_from_cpu_generators"] = drawn
+    import torch.distributed.fsdp._init_utils as fsdp_init
+
+    checks["show_fsdp1_devices_as"] = fsdp_init._get_device_from_device_id(rank, rank, torch.cuda) == torch.device(
+        "cuda", rank
+    )
     broken = [name for name, ok in checks.items() if not ok]
     assert not broken, f"torch {torch.__version__}: these internals no longer do their job: {broken}"

@@ -350,6 +350,9 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         torch_internals.check_grad_device(cuda_tensor.check_grad)
         torch_internals.show_hidden_as(cuda_state.HIDDEN_DEVICE, lambda index: cuda_state.gpus().devices[index])
         cuda_accelerator.install()
+        torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
+        torch_internals.seed_dtensor_shards_from_cpu_generators()
+        torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, lambda index: cuda_state.gpus().devices[index])
         cuda_tensor.add_special(cuda_functional.handlers())
         cuda_group.register()
         torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -72,18 +73,41 @@ INTERNALS: dict[str, str] = {
     "torch.distributed.distributed_c10d._resolve_process_group": "functional collectives name their group",
     "torch._C._distributed_c10d.ProcessGroupGloo._allgather_base": "Gloo carries all_gather_single",
     "torch._C._distributed_c10d.ProcessGroupGloo._reduce_scatter_base": "Gloo carries reduce_scatter_single",
+    "torch.distributed.tensor._op_schema._rebuild_tensor_from_dtensor_meta": (
+        "DTensor works out output shapes on fake tensors of the hidden device, which has a device guard"
+    ),
+    "torch.distributed.tensor._random.OffsetBasedRNGTracker": (
+        "DTensor's random ops (sharded init, dropout) draw from the simulated GPU's CPU generator"
+    ),
+    "torch.distributed.fsdp._init_utils._get_device_from_device_id": "FSDP1's device_id=<index> means cuda:<index>",
+    "torch.distributed.fsdp._init_utils._init_device_handle": "FSDP1's device_id=<index> means cuda:<index>",
+    "torch.distributed.fsdp._init_utils._get_compute_device": "FSDP1 computes on cuda:k, not on the hidden device",
+    "torch.distributed.fsdp._init_utils._materialize_meta_module": "FSDP1 materialises meta modules on cuda:k",
 }
 
 
 def missing_internals() -> list[str]:
-    """The internals of `INTERNALS` that this torch lacks (empty when all are there)."""
-    missing = [name for name in INTERNALS if not _has_dotted(name)]
+    """The internals of `INTERNALS` that this torch lacks (empty when all are there).
+
+    Those in DTensor and FSDP (`LAZY`) are checked when a rank imports them (`after_import`):
+    importing them costs seconds, which a rank that does not use them should not pay.
+    """
+    missing = [name for name in INTERNALS if not name.startswith(LAZY) and not _has_dotted(name)]
     if not os.path.exists(autocast_header()):
         missing.append(autocast_header())
     return missing
 
 
+#: packages whose internals are checked (and patched) only once a rank imports them
+LAZY = ("torch.distributed.tensor.", "torch.distributed.fsdp.")
+
+
 def _has_dotted(name: str) -> bool:
+    if name.startswith(LAZY):
+        import importlib
+
+        module, attribute = name.rsplit(".", 1)
+        return hasattr(importlib.import_module(module), attribute)
     if name.startswith("torch.utils.backend_registration."):
         import torch.utils.backend_registration as registration
 
@@ -571,3 +595,182 @@ def check_grad_device(check: Callable[[torch.Tensor, Any], None]) -> None:
         put(self, new)
 
     torch.Tensor.grad = property(descriptor.__get__, grad_setter, descriptor.__delete__, doc=descriptor.__doc__)  # type: ignore[assignment]  # simulated ranks only
+
+
+# -- DTensor and FSDP1 ---------------------------------------------------------------------------------
+
+
+class _AfterImport:
+    """A `sys.meta_path` finder that runs hooks on a module right after it is first imported."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, list[Callable[[Any], None]]] = {}
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        hooks = self.hooks.pop(fullname, None)
+        if hooks is None:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            execute(module)
+            for hook in hooks:
+                hook(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # this module's own loader
+        return spec
+
+
+_after_import = _AfterImport()
+
+
+def after_import(name: str, hook: Callable[[Any], None]) -> None:
+    """Run `hook(module)` once module `name` is imported (at once if it already is).
+
+    DTensor and FSDP take seconds to import: a rank patches them only if it uses them. The
+    internals of `INTERNALS` in that module are checked first (`UnsupportedTorchError`).
+    """
+
+    def checked(module: Any) -> None:
+        lacking = [n for n in INTERNALS if n.rsplit(".", 1)[0] == name and not hasattr(module, n.rsplit(".", 1)[1])]
+        if lacking:
+            raise UnsupportedTorchError(
+                f"simulated CUDA needs torch internals that torch {torch.__version__} lacks ({', '.join(lacking)}); "
+                f"supported torch versions: {', '.join(SUPPORTED_TORCH)}"
+            )
+        hook(module)
+
+    module = sys.modules.get(name)
+    if module is not None:
+        checked(module)
+        return
+    _after_import.hooks.setdefault(name, []).append(checked)
+    if _after_import not in sys.meta_path:
+        sys.meta_path.insert(0, _after_import)
+
+
+def propagate_dtensor_meta_on(hidden: str) -> None:
+    """DTensor works out each op's output metadata on fake tensors of the hidden device, not of "cuda".
+
+    DTensor runs an op on fake tensors made on its mesh's device type to learn the output's
+    shape, strides and dtype. Fake kernels that are Python decompositions calling Tensor
+    methods (`uniform_` calls `Tensor.copy_`) open a device guard for that device, and a
+    CPU build of torch has none for CUDA ("PyTorch is not linked with support for cuda
+    devices"); the hidden device has one. Only shape, strides and dtype are read back.
+    """
+
+    def patch(op_schema: Any) -> None:
+        original = op_schema._rebuild_tensor_from_dtensor_meta
+
+        def rebuild(arg: Any) -> Any:
+            meta = arg.tensor_meta
+            if arg.mesh.device_type != "cuda" or meta is None:
+                return original(arg)
+            return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=hidden)
+
+        op_schema._rebuild_tensor_from_dtensor_meta = rebuild
+
+    after_import("torch.distributed.tensor._op_schema", patch)
+
+
+def seed_dtensor_shards_from_cpu_generators() -> None:
+    """DTensor's random ops on simulated GPUs: each shard draws from a seed of its own, the ranks stay in step.
+
+    On a GPU, DTensor's `OffsetBasedRNGTracker` reads the generator's state as Philox's
+    (seed, offset): each shard draws at the offset of its place in the whole tensor, and
+    afterwards every rank moves its offset past the whole tensor. A simulated GPU's
+    generator is a CPU one (Mersenne Twister: 5056 bytes of state, no offset), so the
+    same tracker asserts. This one keeps its contract: a seed is drawn from the state the
+    ranks share; each shard draws from that seed plus its offset (replicas draw alike,
+    shards differ), and then every rank's generator is seeded with that seed plus the
+    whole tensor's size, the same on every rank.
+    """
+    import contextlib
+
+    def patch(random: Any) -> None:
+        tracker: Any = random.OffsetBasedRNGTracker
+
+        class CpuGeneratorRNGTracker(tracker):
+            @contextlib.contextmanager
+            def _distribute_region(self, spec: Any, generator: torch.Generator | None = None) -> Any:
+                if not self.distribute_region_enabled:
+                    yield
+                    return
+                device = self._device
+                state = generator.get_state() if generator is not None else torch.cuda.get_rng_state(device)
+                base = int(torch.randint(2**62, (), generator=torch.Generator().set_state(state)))
+                start, end = self._compute_rng_offsets(spec)
+
+                def seed(offset: int) -> None:
+                    new = torch.Generator().manual_seed(base + int(offset)).get_state()
+                    if generator is not None:
+                        generator.set_state(new)
+                    else:
+                        torch.cuda.set_rng_state(new, device)
+
+                seed(start)
+                try:
+                    yield
+                finally:
+                    seed(end)
+
+        CpuGeneratorRNGTracker.__name__ = CpuGeneratorRNGTracker.__qualname__ = tracker.__name__
+        random.OffsetBasedRNGTracker = CpuGeneratorRNGTracker
+
+    after_import("torch.distributed.tensor._random", patch)
+
+
+def show_fsdp1_devices_as(hidden: str, shown: Callable[[int], torch.device]) -> None:
+    """FSDP1 (`FullyShardedDataParallel`) computes on `shown(k)` where it would build the hidden device.
+
+    FSDP1 turns `device_id=k` and `torch.cuda.current_device()` into devices with
+    `torch.device(k)`, which C++ resolves to the current accelerator's type: the hidden
+    device (on a GPU host, cuda:k). It then finds the module's cuda:k parameters on a
+    device other than `device_id`'s, and its device handle would be the hidden device's.
+    """
+
+    def as_shown(device: Any) -> Any:
+        if isinstance(device, int) and not isinstance(device, bool):
+            return shown(device)
+        if isinstance(device, torch.device) and device.type == hidden:
+            return shown(device.index or 0)
+        return device
+
+    def patch(init_utils: Any) -> None:
+        get_device = init_utils._get_device_from_device_id
+        init_handle = init_utils._init_device_handle
+        compute_device = init_utils._get_compute_device
+        materialize = init_utils._materialize_meta_module
+
+        def _get_device_from_device_id(device_id: Any, *args: Any) -> Any:
+            return as_shown(get_device(as_shown(device_id), *args))
+
+        def _init_device_handle(state: Any, module: Any, ignored_params: Any, device_id: Any) -> Any:
+            return init_handle(state, module, ignored_params, as_shown(device_id))
+
+        def _get_compute_device(*args: Any) -> Any:
+            return as_shown(compute_device(*args))
+
+        def _materialize_meta_module(root: Any, device_id: Any, *args: Any) -> Any:
+            device = shown(torch.cuda.current_device()) if device_id is None else as_shown(device_id)
+            return materialize(root, device, *args)
+
+        init_utils._get_device_from_device_id = _get_device_from_device_id
+        init_utils._init_device_handle = _init_device_handle
+        init_utils._get_compute_device = _get_compute_device
+        init_utils._materialize_meta_module = _materialize_meta_module
+        # FullyShardedDataParallel binds _init_device_handle by name once _init_utils is imported
+        fsdp: Any = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+        if fsdp is not None:
+            fsdp._init_device_handle = _init_device_handle
+
+    after_import("torch.distributed.fsdp._init_utils", patch)
