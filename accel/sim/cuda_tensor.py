@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -301,9 +302,19 @@ def _facts(func: Any) -> tuple[Any, bool, bool, bool]:
             any(a.is_out for a in schema.arguments) or schema.name.split("::")[-1] in _RESHAPING
         )
         tracks = schema.is_mutable and (reshapes or len(schema.returns) > 0)
-        facts = (_SPECIAL.get(func), _SEEDED in func.tags, tracks, reshapes)
+        special = _SPECIAL.get(func)
+        if special is None and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            # Below autograd (inside another subclass's __torch_dispatch__: DTensor's ops) composite
+            # ops come here whole; a GPU runs their decomposition, so do we (`to.device` would
+            # otherwise copy the inner CPU tensor to the hidden device: a wrapper in a wrapper).
+            special = functools.partial(_decompose, func)
+        facts = (special, _SEEDED in func.tags, tracks, reshapes)
         setattr(func, _FACTS, facts)
     return facts
+
+
+def _decompose(func: Any, args: tuple, kwargs: dict) -> Any:
+    return func.decompose(*args, **kwargs)
 
 
 def _inner_of(value: Any) -> Any:

@@ -52,3 +52,17 @@ def test_results_in_tuples_and_random_draws(rank):
     second = torch.nn.functional.dropout(big, 0.5)
     assert torch.equal(first.cpu(), second.cpu()) and first.device == big.device
     assert torch.equal(torch.get_rng_state(), cpu_state)  # drawn from the GPU's generator, not the CPU one
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_composite_ops_below_autograd_decompose_as_on_a_gpu(rank):
+    # under inference_mode (and inside another subclass's __torch_dispatch__) composite ops
+    # such as `to.device` reach the simulated GPU whole: they must give one CUDA tensor
+    x = torch.ones(3, device="cuda")
+    with torch.inference_mode():
+        y = x.int().to(x)
+        z = x.to(f"cuda:{rank}", torch.float64)
+    assert type(y._inner) is torch.Tensor and type(z._inner) is torch.Tensor
+    assert y.dtype == torch.float32 and z.dtype == torch.float64 and z.device == x.device
+    out = torch.where(torch.tensor([True, False, True], device="cuda"), y, 0)
+    assert out.tolist() == [1.0, 0.0, 1.0]
