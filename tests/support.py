@@ -30,3 +30,13 @@ def process_gone(pid: int, within: float = 15.0) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+
+
+def nccl_group(rank: int):
+    """In a simulated GPU rank: the script's own "nccl" group, then its GPU made current (that GPU)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(rank)
+    return torch.device("cuda", rank)

@@ -216,6 +216,17 @@ def _movable(inner: torch.Tensor) -> torch.Tensor:
     return inner.view(torch.uint8) if inner.dtype in _FLOAT8 else inner
 
 
+def _check_counts(name: str, kind: str, parts: list[torch.Tensor], own: torch.Tensor, would: str) -> None:
+    """Each of a list collective's `parts` must hold as many elements as this rank's own tensor."""
+    other = "input" if kind == "output" else "output"
+    for part in parts:
+        if part.numel() != own.numel():
+            raise ValueError(
+                f"accel.sim: {name} {kind} tensors hold {part.numel()} elements each and the {other} {own.numel()}; "
+                f"NCCL would {would} (undefined behaviour). Give {kind}s of the {other}'s size."
+            )
+
+
 def _flat(inner: torch.Tensor) -> torch.Tensor:
     """`inner`'s elements in memory order, as one 1-D view: what NCCL sends (an address and a count)."""
     flat = inner.view(-1) if inner.is_contiguous() else inner.as_strided((inner.numel(),), (1,))
@@ -609,13 +620,7 @@ class SimNcclGroup(PythonGroup):
         parts = _one(outputs)
         if all(part.shape == parts[0].shape for part in parts):
             # NCCL gathers into one flat buffer, then copies each rank's slice out: counts matter, not shapes
-            for part in parts:
-                if part.numel() != tensor.numel():
-                    raise ValueError(
-                        f"accel.sim: all_gather output tensors hold {part.numel()} elements each and the input "
-                        f"{tensor.numel()}; NCCL would copy misaligned slices of its gather buffer into them "
-                        "(undefined behaviour). Give outputs of the input's size."
-                    )
+            _check_counts("all_gather", "output", parts, tensor, "copy misaligned slices of its buffer into them")
 
             def run() -> None:
                 pieces = [torch.empty_like(_flat(unwrap(tensor))) for _ in parts]
@@ -687,13 +692,7 @@ class SimNcclGroup(PythonGroup):
         how = _reduction_for(opts, output, self.size())
         parts = _one(inputs)
         if all(part.shape == parts[0].shape for part in parts):
-            for part in parts:
-                if part.numel() != output.numel():
-                    raise ValueError(
-                        f"accel.sim: reduce_scatter input tensors hold {part.numel()} elements each and the output "
-                        f"{output.numel()}; NCCL would reduce misaligned slices (undefined behaviour). Give inputs of "
-                        "the output's size."
-                    )
+            _check_counts("reduce_scatter", "input", parts, output, "reduce misaligned slices")
 
             def run() -> None:
                 flat = torch.cat([unwrap(part).reshape(-1) for part in parts])  # NCCL copies them into one buffer

@@ -6,18 +6,11 @@ Each test runs on 2 and 4 simulated GPU ranks and creates its own group with
 
 import pytest
 import torch
+from support import nccl_group as _nccl_group
 
 from harness import distributed_test
 
 SIZES = [2, 4]
-
-
-def _nccl_group(rank):
-    import torch.distributed as dist
-
-    dist.init_process_group("nccl")
-    torch.cuda.set_device(rank)
-    return torch.device("cuda", rank)
 
 
 @distributed_test(world_size=SIZES, device="cuda")

@@ -9,18 +9,11 @@ import warnings
 
 import pytest
 import torch
+from support import nccl_group as _nccl_group
 
 from harness import distributed_test
 
 SIZES = [2, 4]
-
-
-def _nccl_group(rank):
-    import torch.distributed as dist
-
-    dist.init_process_group("nccl")
-    torch.cuda.set_device(rank)
-    return torch.device("cuda", rank)
 
 
 # -- buffers, not shapes ---------------------------------------------------------------------------------
