@@ -35,19 +35,27 @@ class SimGpus:
         self.devices = [torch.device("cuda", i) for i in range(count)]
         self.generators = [torch.Generator() for _ in range(count)]
         self.set_device_calls: list[int] = []
+        #: whether CUDA has been initialised in this process (`torch.cuda.is_initialized()`):
+        #: on a GPU host, by the first use of a GPU (a tensor, set_device, current_device, ...)
+        self.initialized = False
         self.reset(current)
 
-    def reset(self, current: int) -> None:
-        """Back to start-up: `current` is the current GPU, every generator has torch's default seed."""
+    def reset(self, current: int, initialized: bool = True) -> None:
+        """Back to start-up: `current` is the current GPU, every generator has torch's default seed.
+
+        `initialized` False: as a new process, which has not used CUDA yet.
+        """
         self.current = current
+        self.initialized = initialized
         self.set_device_calls.clear()
         for generator in self.generators:
             generator.manual_seed(DEFAULT_CUDA_SEED)
 
-    def resolve(self, device: Any) -> torch.device:
+    def resolve(self, device: Any, initialize: bool = True) -> torch.device:
         """`torch.device('cuda', k)` for any way of naming a simulated GPU ('cuda' = the current one).
 
         Other devices come back unchanged; an index with no GPU raises as on a GPU host.
+        Naming a GPU to use it initialises CUDA, as on a GPU host (`initialize`: whether it does).
         """
         if isinstance(device, int) and not isinstance(device, bool):
             index = device
@@ -58,6 +66,8 @@ class SimGpus:
             index = self.current if device.index is None else device.index
         if not 0 <= index < self.count:
             raise invalid_ordinal_error()
+        if initialize:
+            self.initialized = True
         return self.devices[index]
 
 

@@ -275,6 +275,11 @@ def check_grad(tensor: torch.Tensor, grad: Any) -> None:
         )
 
 
+def wrap_like(cpu_tensor: torch.Tensor, like: torch.Tensor) -> SimCudaTensor:
+    """A CPU result seen as a tensor on the simulated GPU of `like` (storage shared)."""
+    return _new(cpu_tensor, like.device)
+
+
 # -- dispatch ------------------------------------------------------------------------------------
 
 _SEEDED = torch.Tag.nondeterministic_seeded

@@ -83,7 +83,7 @@ def as_fresh_process() -> None:
     """
     fake_cuda = sys.modules.get("accel.sim.fake_cuda")  # installed in simulated GPU ranks only
     if fake_cuda is not None and fake_cuda.is_installed():
-        fake_cuda.reset(local_rank=0)
+        fake_cuda.reset(local_rank=0, fresh=True)
 
 
 def _install_fake_xla() -> None:

@@ -40,6 +40,7 @@ import torch.cuda.random
 from accel.backends.cuda import CUDABackend
 from accel.sim import (
     cuda_accelerator,
+    cuda_attention,
     cuda_autocast,
     cuda_checkpoint,
     cuda_functional,
@@ -92,9 +93,15 @@ def _unsupported(what: str, why: str) -> Callable[..., Any]:
     return fail
 
 
-def _index(device: Any = None) -> int:
+def _index(device: Any = None, initialize: bool = True) -> int:
     gpus = cuda_state.gpus()
-    return gpus.current if device is None else gpus.resolve(device).index or 0
+    if initialize:
+        gpus.initialized = True
+    return gpus.current if device is None else gpus.resolve(device, initialize).index or 0
+
+
+def _lazy_init(*args: Any, **kwargs: Any) -> None:
+    cuda_state.gpus().initialized = True
 
 
 def _set_device(device: Any) -> None:
@@ -107,7 +114,8 @@ def _set_device(device: Any) -> None:
 
 
 def _generator(device: Any = "cuda") -> torch.Generator:
-    return cuda_state.gpus().generators[_index(device)]
+    # seeding does not initialise CUDA on a GPU host (torch queues it until CUDA starts)
+    return cuda_state.gpus().generators[_index(device, initialize=False)]
 
 
 def _manual_seed_all(seed: int) -> None:
@@ -215,18 +223,18 @@ def _patches() -> dict[str, Any]:
     gpus = cuda_state.gpus
     return {
         "is_available": lambda: True,
-        "is_initialized": lambda: True,
+        "is_initialized": lambda: gpus().initialized,
         "_is_in_bad_fork": lambda: False,  # nothing of a GPU driver is inherited across a fork
-        "init": none,
-        "_lazy_init": none,
+        "init": _lazy_init,
+        "_lazy_init": _lazy_init,
         "device_count": lambda: gpus().count,
-        "current_device": lambda: gpus().current,
+        "current_device": lambda: _index(),
         "set_device": _set_device,
         "device": _device,
         "get_device_name": lambda device=None: f"Simulated CUDA GPU {_index(device)} (accel.sim, on CPU)",
         "get_device_capability": lambda device=None: (8, 0),
         "is_bf16_supported": lambda including_emulation=True: True,
-        "synchronize": lambda device=None: None,
+        "synchronize": lambda device=None: _lazy_init(),
         "empty_cache": none,
         "ipc_collect": none,
         "memory_allocated": zero,
@@ -354,6 +362,8 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         torch_internals.seed_dtensor_shards_from_cpu_generators()
         torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, lambda index: cuda_state.gpus().devices[index])
         cuda_tensor.add_special(cuda_functional.handlers())
+        cuda_tensor.add_special(cuda_attention.handlers())
+        cuda_attention.install()
         cuda_group.register()
         torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
         torch.compile = _refuse_compile  # same call, refused
@@ -367,11 +377,14 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
             setattr(module, name, replacement)
 
 
-def reset(local_rank: int | None = None) -> None:
-    """Between tests: current GPU back to `local_rank`, generators to torch's default seed, autocast off."""
+def reset(local_rank: int | None = None, fresh: bool = False) -> None:
+    """Between tests: current GPU back to `local_rank`, generators to torch's default seed, autocast off.
+
+    `fresh`: as a newly started process, which has not initialised CUDA yet.
+    """
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     gpus = cuda_state.gpus()
-    gpus.reset(local_rank % gpus.count)
+    gpus.reset(local_rank % gpus.count, initialized=not fresh)
     cuda_autocast.reset()
 
 

@@ -498,7 +498,12 @@ class SimNcclGroup(PythonGroup):
         As with NCCL's eager init, the group's `bound_device_id` is then that GPU: barriers
         use it, and `split_group` / `new_group` split subgroups from it.
         """
+        gpus = cuda_state.gpus()
+        initialized = gpus.initialized
         self._bind([torch.empty(0, device=torch.device("cuda", index))])
+        # NCCL sets its communicator up in C++: Python's CUDA (torch.cuda.is_initialized()) stays as it was,
+        # so a DeviceMesh made next still pins the GPU of LOCAL_RANK, as on a GPU host
+        gpus.initialized = initialized
         self.bound_device_id = torch.device("cuda", index)
 
     def unbind(self) -> None:

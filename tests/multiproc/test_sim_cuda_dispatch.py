@@ -66,3 +66,27 @@ def test_composite_ops_below_autograd_decompose_as_on_a_gpu(rank):
     assert y.dtype == torch.float32 and z.dtype == torch.float64 and z.device == x.device
     out = torch.where(torch.tensor([True, False, True], device="cuda"), y, 0)
     assert out.tolist() == [1.0, 0.0, 1.0]
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_attention_takes_a_fused_kernel_as_on_a_gpu(rank):
+    # without mask or dropout, the flash path (the CPU's flash kernel), forward and backward
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+    gq, gk, gv = (t.detach().cuda().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(gq, gk, gv, is_causal=True)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.device == torch.device("cuda", rank) and torch.equal(out.cpu(), ref)
+    assert type(out.grad_fn).__name__ == "ScaledDotProductFlashAttentionBackward0"
+    out.sum().backward()
+    ref.sum().backward()
+    for gpu, cpu in ((gq, q), (gk, k), (gv, v)):
+        assert gpu.grad.device == gpu.device and torch.equal(gpu.grad.cpu(), cpu.grad)
+    # with a mask: torch's math path, as a GPU without a fused kernel for it
+    mask = torch.ones(16, 16, dtype=torch.bool).tril()
+    masked = F.scaled_dot_product_attention(gq, gk, gv, attn_mask=mask.cuda())
+    assert torch.allclose(masked.cpu(), F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-6)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        F.scaled_dot_product_attention(gq, gk, gv, attn_mask=torch.ones(16, 16))
