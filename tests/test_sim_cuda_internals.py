@@ -106,6 +106,11 @@ def test_each_internal_does_its_job_in_a_rank(rank, tmp_path):
     checks["resolve_group"] = torch_internals.resolve_group(dist.group.WORLD.group_name) is dist.group.WORLD
     pinned = torch.empty(2, pin_memory=True)  # serve_pinned_memory: C++ gets an allocator, and is told it is pinned
     checks["serve_pinned_memory"] = torch._C.TensorBase.is_pinned(pinned) and pinned.device.type == "cpu"
+    checks["is_composite"] = torch_internals.is_composite(torch.ops.aten.to.device) and not (
+        torch_internals.is_composite(torch.ops.aten.add.Tensor)
+    )
+    checks["group_device_types"] = {d.type for d in torch_internals.group_device_types(None)} == {"cuda"}
+    checks["object_collective_device"] = torch_internals.object_collective_device(None) == "cuda"  # NCCL: the GPU
     checks["silence_ddp_time_stats"] = dist.Logger.set_runtime_stats_and_log(None) is None
     from torch.distributed.tensor import Shard, distribute_tensor
 

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from accel.sim import faults
+from accel.sim import faults, torch_internals
 from accel.sim.deadlock import BOARD_SIZE, board_path, ranges
 from accel.sim.failures import CollectiveMismatch
 
@@ -320,7 +320,7 @@ def _channel(name: str, index: dict[str, int], args: tuple, kwargs: dict, group:
     that one thread may checkpoint over Gloo while another trains over NCCL.
     """
     try:
-        devices = (group or c10d._get_default_group())._device_types
+        devices = torch_internals.group_device_types(group)
     except (AttributeError, RuntimeError, ValueError):
         return group_name
     if len(devices) < 2:
@@ -329,7 +329,7 @@ def _channel(name: str, index: dict[str, int], args: tuple, kwargs: dict, group:
     while tensors and isinstance(tensors[0], (list, tuple)):
         tensors = list(tensors[0])
     first = tensors[0] if tensors else None
-    kind = first.device.type if isinstance(first, torch.Tensor) else c10d._get_object_coll_device(group)
+    kind = first.device.type if isinstance(first, torch.Tensor) else torch_internals.object_collective_device(group)
     return f"{group_name}:{kind}"
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from accel.sim.cuda_tensor import unwrap, wrap_like
+
 aten = torch.ops.aten
 _libraries: list[torch.library.Library] = []
 
@@ -41,8 +43,6 @@ def _attention(
 
 def _flash(args: tuple, kwargs: dict) -> Any:
     """`_scaled_dot_product_flash_attention` of simulated CUDA tensors: the CPU's flash kernel."""
-    from accel.sim.cuda_tensor import unwrap, wrap_like
-
     query, key, value = args[:3]
     dropout_p = args[3] if len(args) > 3 else 0.0
     is_causal = args[4] if len(args) > 4 else False
@@ -70,8 +70,6 @@ def _flash(args: tuple, kwargs: dict) -> Any:
 
 def _flash_backward(args: tuple, kwargs: dict) -> Any:
     """Its backward: the CPU's flash backward kernel."""
-    from accel.sim.cuda_tensor import unwrap, wrap_like
-
     grad_out, query, key, value, out, logsumexp = (unwrap(t) for t in args[:6])
     dropout_p, is_causal = args[10], args[11]
     grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(

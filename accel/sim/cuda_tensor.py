@@ -308,7 +308,7 @@ def _facts(func: Any) -> tuple[Any, bool, bool, bool]:
         )
         tracks = schema.is_mutable and (reshapes or len(schema.returns) > 0)
         special = _SPECIAL.get(func)
-        if special is None and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        if special is None and torch_internals.is_composite(func):
             # Below autograd (inside another subclass's __torch_dispatch__: DTensor's ops) composite
             # ops come here whole; a GPU runs their decomposition, so do we (`to.device` would
             # otherwise copy the inner CPU tensor to the hidden device: a wrapper in a wrapper).

@@ -72,6 +72,9 @@ INTERNALS: dict[str, str] = {
     "torch._C._distributed_c10d.Logger": "DDP does not warn that it has no timer for the hidden device",
     "torch.distributed.distributed_c10d._resolve_process_group": "functional collectives name their group",
     "torch._C._distributed_c10d.ProcessGroupGloo._allgather_base": "Gloo carries all_gather_single",
+    "torch._C._dispatch_has_kernel_for_dispatch_key": "composite ops reaching a simulated GPU whole are decomposed",
+    "torch.distributed.distributed_c10d._get_default_group": "the collective check numbers each backend of a group",
+    "torch.distributed.distributed_c10d._get_object_coll_device": "the collective check numbers backends apart",
     "torch._C._distributed_c10d.ProcessGroupGloo._reduce_scatter_base": "Gloo carries reduce_scatter_single",
     "torch.distributed.tensor._op_schema._rebuild_tensor_from_dtensor_meta": (
         "DTensor works out output shapes on fake tensors of the hidden device, which has a device guard"
@@ -774,3 +777,25 @@ def show_fsdp1_devices_as(hidden: str, shown: Callable[[int], torch.device]) -> 
             fsdp._init_device_handle = _init_device_handle
 
     after_import("torch.distributed.fsdp._init_utils", patch)
+
+
+# -- dispatch and groups -------------------------------------------------------------------------------
+
+
+def is_composite(func: Any) -> bool:
+    """Whether aten op `func` has a composite (decomposable) kernel, which runs before any backend's."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+
+
+def group_device_types(group: Any) -> list[torch.device]:
+    """The device types `group` (None: the default group) has a backend for."""
+    from torch.distributed.distributed_c10d import _get_default_group
+
+    return (group or _get_default_group())._device_types
+
+
+def object_collective_device(group: Any) -> Any:
+    """The device `group`'s object collectives (gather_object, ...) run on."""
+    from torch.distributed.distributed_c10d import _get_object_coll_device
+
+    return _get_object_coll_device(group)
