@@ -100,6 +100,11 @@ def _index(device: Any = None, initialize: bool = True) -> int:
     return gpus.current if device is None else gpus.resolve(device, initialize).index or 0
 
 
+def _gpu(index: int) -> torch.device:
+    """`cuda:index`, as Python must see hidden device `index`."""
+    return cuda_state.gpus().devices[index]
+
+
 def _lazy_init(*args: Any, **kwargs: Any) -> None:
     cuda_state.gpus().initialized = True
 
@@ -224,7 +229,6 @@ def _patches() -> dict[str, Any]:
     return {
         "is_available": lambda: True,
         "is_initialized": lambda: gpus().initialized,
-        "_is_in_bad_fork": lambda: False,  # nothing of a GPU driver is inherited across a fork
         "init": _lazy_init,
         "_lazy_init": _lazy_init,
         "device_count": lambda: gpus().count,
@@ -356,13 +360,12 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         torch_internals.allow_foreach(cuda_tensor.SimCudaTensor)
         torch_internals.patch_data_setter(cuda_tensor.set_data)
         torch_internals.check_grad_device(cuda_tensor.check_grad)
-        torch_internals.show_hidden_as(cuda_state.HIDDEN_DEVICE, lambda index: cuda_state.gpus().devices[index])
+        torch_internals.show_hidden_as(cuda_state.HIDDEN_DEVICE, _gpu)
         cuda_accelerator.install()
         torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
         torch_internals.seed_dtensor_shards_from_cpu_generators()
-        torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, lambda index: cuda_state.gpus().devices[index])
-        cuda_tensor.add_special(cuda_functional.handlers())
-        cuda_tensor.add_special(cuda_attention.handlers())
+        torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, _gpu)
+        cuda_tensor.add_special({**cuda_functional.handlers(), **cuda_attention.handlers()})
         cuda_attention.install()
         cuda_group.register()
         torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
