@@ -102,6 +102,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         # Set by Accelerator.join_uneven_inputs when the hardware joins uneven inputs
         # itself: called before each real step so that joined ranks can shadow it.
         self._join_notify = None
+        #: (zero_grad function, whether it takes set_to_none), see _takes_set_to_none
+        self._zero_grad_signature: tuple[Any, bool] | None = None
         if device_placement and _has_tensors(optimizer.state_dict()["state"]):
             self.optimizer.load_state_dict(move_to_device(optimizer.state_dict(), self.accelerator_state.device))
 
@@ -161,11 +163,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_join_notify", None)
+        state.pop("_zero_grad_signature", None)  # holds a function, which need not pickle
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._join_notify = None
+        self._zero_grad_signature = None
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
@@ -180,15 +184,26 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """
         if not self.gradient_state.sync_gradients:
             return
-        if "set_to_none" in inspect.signature(self.optimizer.zero_grad).parameters:
-            self.optimizer.zero_grad(set_to_none=True if set_to_none is None else set_to_none)
+        zero_grad = self.optimizer.zero_grad
+        if self._takes_set_to_none(zero_grad):
+            zero_grad(set_to_none=True if set_to_none is None else set_to_none)
         elif set_to_none is not None:
             raise ValueError(
                 f"set_to_none={set_to_none} cannot be passed on: {type(self.optimizer).__name__}.zero_grad() takes "
                 "no set_to_none. Call zero_grad() without it."
             )
         else:
-            self.optimizer.zero_grad()
+            zero_grad()
+
+    def _takes_set_to_none(self, zero_grad: Any) -> bool:
+        # inspect.signature costs more than the zero_grad it inspects: look once per function,
+        # again only if the optimizer's zero_grad is replaced (patched, or another optimizer).
+        function = getattr(zero_grad, "__func__", zero_grad)
+        known = self._zero_grad_signature
+        if known is None or known[0] is not function:
+            known = (function, "set_to_none" in inspect.signature(zero_grad).parameters)
+            self._zero_grad_signature = known
+        return known[1]
 
     def _notify_join(self) -> None:
         # Inside join_uneven_inputs' fallback: tell the joined ranks, once per step and

@@ -101,6 +101,30 @@ def test_optimizer_load_state_dict_places_state_on_device(monkeypatch):
     assert wrapped.param_groups is opt.param_groups and wrapped.defaults is opt.defaults
 
 
+def test_zero_grad_follows_a_replaced_zero_grad_and_survives_pickling():
+    import pickle
+
+    acc = Accelerator()
+    model = make_model()
+    opt = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    model(torch.randn(2, 4)).sum().backward()
+    opt.zero_grad()  # torch's zero_grad, which takes set_to_none
+    assert model[0].weight.grad is None
+    calls = []
+    opt.optimizer.zero_grad = lambda: calls.append("plain")  # one that takes no set_to_none
+    opt.zero_grad()
+    assert calls == ["plain"]
+    with pytest.raises(ValueError, match="takes no set_to_none"):
+        opt.zero_grad(set_to_none=False)
+    del opt.optimizer.zero_grad
+    model(torch.randn(2, 4)).sum().backward()
+    opt.zero_grad(set_to_none=False)
+    assert torch.equal(model[0].weight.grad, torch.zeros_like(model[0].weight))
+    restored = pickle.loads(pickle.dumps(opt))
+    restored.zero_grad()
+    assert all(p.grad is None for group in restored.param_groups for p in group["params"])
+
+
 # -- accumulation ------------------------------------------------------------------------------
 
 

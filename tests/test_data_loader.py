@@ -466,6 +466,33 @@ def test_put_on_device_keeps_batches_and_structure():
     assert loader.device == torch.device("cpu")
 
 
+@pytest.mark.parametrize("kind", [tuple, list, dict, "tensor", "nested"])
+def test_put_on_device_moves_every_leaf_and_keeps_the_container(kind):
+    x, y = torch.arange(8.0).reshape(4, 2), torch.arange(4)
+    if kind == "tensor":
+        data, batch_of = x, lambda b: [b]
+    elif kind == "nested":
+        data = [{"x": x[i], "pair": (y[i], y[i])} for i in range(4)]
+        batch_of = lambda b: [b["x"], *b["pair"]]  # noqa: E731
+    elif kind is dict:
+        data, batch_of = [{"x": x[i], "y": y[i]} for i in range(4)], lambda b: list(b.values())
+    else:
+        data, batch_of = list(zip(x, y, strict=True)), list
+    collate = None  # default_collate: a dict, a tensor, or lists for sequences
+    if kind in (list, tuple):
+        collate = lambda items: kind(torch.stack(column) for column in zip(*items, strict=True))  # noqa: E731
+    meta = torch.device("meta")  # a device other than the CPU's, available everywhere
+    loader = prepare_data_loader(DataLoader(data, batch_size=2, collate_fn=collate), device=meta, put_on_device=True)
+    batches = list(loader)
+    assert len(batches) == 2
+    for batch in batches:
+        assert type(batch) is (type(batch) if kind in ("tensor", "nested") else kind)
+        assert all(t.device == meta for t in batch_of(batch))
+    placed = loader._placer()
+    on_meta = (x.to(meta), y.to(meta))
+    assert placed(on_meta) is on_meta  # already there: the very same batch
+
+
 # -- skipping ----------------------------------------------------------------------------------
 
 
