@@ -464,40 +464,42 @@ class LoaderProgress(DataLoaderStateMixin):
         from accel.utils.operations import send_to_device
 
         device, non_blocking = torch.device(self.device), self.non_blocking
-        device_name = str(device)
         tensor = torch.Tensor
+
+        # Keyword arguments cost a tensor method call more than the check around it: pass
+        # non_blocking only when it is asked for.
+        if non_blocking:
+
+            def to_device(leaf: torch.Tensor) -> torch.Tensor:
+                return leaf if leaf.device == device else leaf.to(device, non_blocking=True)
+        else:
+
+            def to_device(leaf: torch.Tensor) -> torch.Tensor:
+                return leaf if leaf.device == device else leaf.to(device)
 
         def place(batch: Any) -> Any:
             # The usual flat batches of plain tensors (a list, tuple or dict, as default_collate
-            # makes them) are moved here leaf by leaf, with send_to_device's rule for what is
-            # already there; anything nested or unusual goes through send_to_device itself.
+            # makes them) are moved here leaf by leaf; anything nested or unusual goes through
+            # send_to_device's generic walk. A batch with nothing to move is returned as it is.
             kind = type(batch)
             leaves = batch if kind is list or kind is tuple else batch.values() if kind is dict else (batch,)
-            moved = False
+            # (send_to_device also keeps a tensor whose device merely prints like `device`: for a
+            # plain tensor's torch.device that is the same as being equal.)
+            move = False
             for leaf in leaves:
                 if type(leaf) is not tensor:
                     return send_to_device(batch, device, non_blocking=non_blocking)
-                if not moved:
-                    where = leaf.device
-                    moved = where != device and str(where) != device_name
-            if not moved:
+                move = move or leaf.device != device
+            if not move:
                 return batch
             if kind is dict:
-                return {key: _to(leaf, device, device_name, non_blocking) for key, leaf in batch.items()}
+                return {key: to_device(leaf) for key, leaf in batch.items()}
             if leaves is batch:
-                placed = [_to(leaf, device, device_name, non_blocking) for leaf in batch]
+                placed = [to_device(leaf) for leaf in batch]
                 return placed if kind is list else tuple(placed)
-            return _to(batch, device, device_name, non_blocking)
+            return to_device(batch)
 
         return place
-
-
-def _to(leaf: torch.Tensor, device: torch.device, device_name: str, non_blocking: bool) -> torch.Tensor:
-    """`leaf` on `device`, left as it is when it is there already (send_to_device's rule)."""
-    where = leaf.device
-    if where == device or str(where) == device_name:
-        return leaf
-    return leaf.to(device, non_blocking=non_blocking)
 
 
 def _is_stateful(loader: Any) -> bool:
