@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench cov clean
+.PHONY: install test lint demo bench perf cov clean
 
 install: $(STAMP)
 
@@ -29,6 +29,14 @@ demo: install
 
 bench: install
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# A quick look at the library's cost over hand-written loops (issue 19's floors: training
+# step <= 1.03x, prepared loader <= 1.05x): both benchmarks, short, on 2 CPU and 2 simulated
+# GPU ranks; prints the median ratios. Timings only, never a pass/fail: run it before and
+# after a change to the hot path and compare (the full runs are the benchmarks' defaults).
+perf: install
+	$(PY) benchmarks/bench_training.py --launches 2 --rounds 8 --steps 30
+	$(PY) benchmarks/bench_data_loader.py --launches 2 --rounds 8
 
 cov: install
 	$(PY) -m pytest -n 2 -q --cov=accel --cov=harness --cov-report=term-missing tests
