@@ -16,8 +16,9 @@ end (the last `next`) count too, as they do in a `for` loop. Two clocks: wall ti
 slower rank, and CPU time of the ranks' main threads (the Python and kernels a step runs,
 which on a busy machine moves less than wall time does). Which loop is built first
 alternates between launches (the objects' places in memory shift timings by a percent or
-two). Each launch runs `--rounds` rounds; the ratio accel / hand-written of every round of every launch gives the median
-and the spread (quartiles, extremes; 1.00 = no overhead, the floor is 1.03).
+two). Each launch runs `--rounds` rounds; the ratio accel / hand-written of every round
+of every launch gives the median and the spread (quartiles, extremes; 1.00 = no overhead,
+the floor is 1.03).
 
     python benchmarks/bench_training.py [--device cpu|cuda|both] [--launches 3] [--rounds 15] [--steps 40]
 """
