@@ -8,6 +8,12 @@
 
 - The body runs in every rank of a warm pool; each test starts clean (environment,
   accel state, seeds, process group). `isolated=True` asks for fresh processes.
+- Ranks are forked from a rank server that imported torch once and outlives the session,
+  so the next `pytest` run (and every `-n N` worker) finds it warm; the first distributed
+  test's ranks start while pytest still collects. A session's ranks end with it; the
+  server stops after 15 idle minutes (`ACCEL_SIM_SERVER_IDLE` seconds), never serves a
+  project whose files changed, and `ACCEL_SIM_SERVER=0` gives each session its own fork
+  server instead (`python -m accel.sim.server stop` stops this user's servers).
 - Arguments: `rank`, `local_rank`, `world_size`, `device`, `tmp_path` (one directory
   shared by all ranks) and `pytest.mark.parametrize` values; lists of `world_size` /
   `device` parametrize. Other fixtures cannot cross into ranks and are refused.

@@ -1,8 +1,10 @@
 """pytest plugin entry point (pytest11): @distributed_test, rank fixtures, markers.
 
 - Runs `@distributed_test` bodies on warm simulated ranks (one pool manager per
-  session, closed at its end, so nothing outlives the session) and reports each failed
-  rank with its own traceback.
+  session, closed at its end, so no rank outlives the session) and reports each failed
+  rank with its own traceback. Ranks come from the rank server (`accel.sim.server`),
+  which outlives the session for the next one; the first distributed test's ranks start
+  as soon as pytest meets a module that declares one.
 - Fixtures `rank`, `local_rank`, `world_size`, `device` for distributed tests; other
   fixtures cannot cross into ranks and are refused with a clear error.
 - Markers `gpu`, `multi_gpu`, `tpu` skip without that hardware; `--real-devices` runs
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 from typing import Any
@@ -23,6 +26,10 @@ from harness import remote, runner
 from harness.decorator import DistributedSpec, spec_of
 
 MANAGER_KEY = pytest.StashKey[PoolManager]()
+#: whether ranks came from the rank server before this session said
+_SERVER_MODE_KEY = pytest.StashKey[bool]()
+#: whether this session started its first distributed test's ranks ahead of time
+_PRESTARTED_KEY = pytest.StashKey[bool]()
 #: rank modules the fork server should import once rather than every rank
 _RANK_PRELOAD = ("harness.remote", "_pytest.assertion.rewrite")
 
@@ -47,6 +54,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "multi_gpu: needs at least two real CUDA GPUs (skipped otherwise)")
     config.addinivalue_line("markers", "tpu: needs a real TPU through torch_xla (skipped without one)")
     forking.add_preload(*_RANK_PRELOAD)
+    # Ranks come from a rank server shared with the next sessions and the -n N workers
+    # (accel.sim.server); ACCEL_SIM_SERVER=0 gives each session its own fork server.
+    config.stash[_SERVER_MODE_KEY] = forking.use_server(forking.server_wanted())
     stacks.hide_in_stacks(remote.__file__)
     # Ranks start from the session's environment, not from whatever a fixture of the
     # test that happens to start a pool had set in this process.
@@ -57,6 +67,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     manager = config.stash.get(MANAGER_KEY, None)
     if manager is not None:
         manager.close()
+    previous = config.stash.get(_SERVER_MODE_KEY, None)
+    if previous is not None:  # a session run inside another (pytester) leaves the outer one's choice
+        forking.use_server(previous)
 
 
 # -- hardware --------------------------------------------------------------------------
@@ -99,6 +112,66 @@ def _spec(item: pytest.Item) -> DistributedSpec | None:
 
 def _uses_real_device(item: pytest.Function) -> bool:
     return bool(item.config.getoption("real_devices")) and item.funcargs.get("device") == "cuda"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makemodule(module_path: Any, parent: Any) -> None:
+    # The first module that declares a distributed test: start its first configuration's
+    # ranks now, while pytest imports the module (torch, seconds) and collects the rest.
+    config = parent.config
+    if config.stash.get(_PRESTARTED_KEY, False) or config.option.collectonly:
+        return
+    first = first_distributed_config(str(module_path))
+    if first is None:
+        return
+    config.stash[_PRESTARTED_KEY] = True
+    world_size, device = first
+    if device == "cuda" and config.getoption("real_devices"):
+        return
+    config.stash[MANAGER_KEY].prestart(world_size, device)
+
+
+def first_distributed_config(path: str) -> tuple[int, str] | None:
+    """(world_size, device) of the first `@distributed_test` of a module's source that says them
+    as literals (the first of lists), without importing it; None when there is none."""
+    try:
+        with open(path, "rb") as handle:
+            source = handle.read()
+        if b"distributed_test" not in source:
+            return None
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for decorator in node.decorator_list:
+            found = _literal_config(decorator)
+            if found is not None:
+                return found
+    return None
+
+
+def _literal_config(decorator: ast.expr) -> tuple[int, str] | None:
+    if not isinstance(decorator, ast.Call):
+        return None
+    func = decorator.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    if name != "distributed_test":
+        return None
+    given = dict(zip(("world_size", "device"), decorator.args, strict=False))
+    given.update({kw.arg: kw.value for kw in decorator.keywords if kw.arg})
+    values: dict[str, Any] = {"world_size": 4, "device": "cpu", "isolated": False}
+    for key in values:
+        if key in given:
+            try:
+                value = ast.literal_eval(given[key])
+            except ValueError:
+                return None
+            values[key] = value[0] if isinstance(value, (list, tuple)) and value else value
+    if values["isolated"] or not isinstance(values["world_size"], int) or not isinstance(values["device"], str):
+        return None
+    return values["world_size"], values["device"]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -7,16 +7,22 @@ last stderr lines are in the report; faults injected from the decorator kill, ra
 stall a rank.
 """
 
-import os
 import re
-import signal
 
 import pytest
-from support import process_gone
+from harness_support import assert_nothing_left_running
 
 pytest_plugins = ["pytester"]
 
 NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
+
+
+@pytest.fixture(autouse=True)
+def short_lived_rank_servers(monkeypatch):
+    """The sessions started here have rank servers of their own (pytester's HOME is in their
+    key): those need not wait long for a next session."""
+    monkeypatch.setenv("ACCEL_SIM_SERVER_IDLE", "20")
+
 
 DIAGNOSED = """
 import os, pathlib, sys
@@ -108,20 +114,17 @@ def _failure_section(output: str, test_name: str) -> str:
 
 
 def _assert_nothing_left_running(pytester, fork_servers: bool) -> None:
-    """Every rank is gone; with `fork_servers`, so are the fork servers they came from.
+    """Every rank is gone; with `fork_servers`, so are the fork servers they came from (a rank
+    server stays for the next session, without ranks).
 
     (A pytest run in this process shares this process's fork server, which stays.)
     """
-    pids = set()
+    ranks, parents = set(), set()
     for path in (pytester.path / "pids").iterdir():
-        pids.add(int(path.name))
-        if fork_servers:
-            pids.add(int(path.read_text()))
-    assert len(pids) >= 2
-    leftovers = [pid for pid in pids if not process_gone(pid)]
-    for pid in leftovers:  # do not leak them into the rest of the suite
-        os.kill(pid, signal.SIGKILL)
-    assert not leftovers
+        ranks.add(int(path.name))
+        parents.add(int(path.read_text()))
+    assert len(ranks) >= 2
+    assert_nothing_left_running(ranks, parents if fork_servers else set())
 
 
 def _line_of(pytester, text: str) -> int:

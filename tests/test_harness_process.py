@@ -1,17 +1,25 @@
 """Harness behaviours that need their own pytest process: xdist, coverage, Ctrl-C and kill -9."""
 
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from harness_support import assert_nothing_left_running, is_rank_server
 from support import process_gone
 
 pytest_plugins = ["pytester"]
 
 NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
+
+
+@pytest.fixture(autouse=True)
+def short_lived_rank_servers(monkeypatch):
+    """The sessions started here have rank servers of their own (pytester's HOME is in their
+    key): those need not wait long for a next session."""
+    monkeypatch.setenv("ACCEL_SIM_SERVER_IDLE", "20")
+
 
 #: a library whose every line is run by exactly one rank and none by pytest itself, so
 #: that 100% coverage proves the lines run inside ranks were counted
@@ -113,14 +121,19 @@ def _start_hanging_session(pytester):
             process.kill()
             pytest.fail(f"the ranks never started:\n{process.stdout.read().decode()}")
         time.sleep(0.05)
-    pids = {int(pid) for marker in markers for pid in marker.read_text().split()}  # ranks and the fork server
-    return process, pids
+    pids = [marker.read_text().split() for marker in markers]
+    return process, {int(rank) for rank, _ in pids}, {int(parent) for _, parent in pids}
 
 
+@pytest.mark.parametrize("server", ["1", "0"], ids=["rank-server", "own-fork-server"])
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
-def test_nothing_is_left_running_when_the_session_is_interrupted_or_killed(pytester, how):
-    process, pids = _start_hanging_session(pytester)
-    assert all(not process_gone(pid, within=0) for pid in pids)
+def test_nothing_is_left_running_when_the_session_is_interrupted_or_killed(pytester, monkeypatch, how, server):
+    # With the rank server (the default) the session's ranks die with the session and the
+    # server stays, without them; a session's own fork server goes with it.
+    monkeypatch.setenv("ACCEL_SIM_SERVER", server)
+    process, ranks, parents = _start_hanging_session(pytester)
+    assert all(not process_gone(pid, within=0) for pid in ranks | parents)
+    assert all(is_rank_server(pid) == (server == "1") for pid in parents)
     process.send_signal(how)
     try:
         process.wait(30)
@@ -129,7 +142,4 @@ def test_nothing_is_left_running_when_the_session_is_interrupted_or_killed(pytes
             process.kill()
     if how == signal.SIGINT:
         assert process.returncode == 2  # pytest's "interrupted"
-    leftovers = [pid for pid in pids if not process_gone(pid)]
-    for pid in leftovers:  # do not leak them into the rest of the suite
-        os.kill(pid, signal.SIGKILL)
-    assert not leftovers
+    assert_nothing_left_running(ranks, parents)

@@ -15,6 +15,9 @@ from typing import Any
 
 #: modules the fork server imports once, so that every rank forked from it starts warm
 PRELOAD = ("torch", "torch.distributed", "accel.state")
+#: the rank's own modules, also preloaded unless coverage is measured (their lines, those
+#: run at import included, then count in every rank)
+RANK_MODULES = ("accel.sim.worker", "accel.sim.devices")
 
 
 def rank_main(config: dict[str, Any], conn: Any) -> None:

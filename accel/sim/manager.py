@@ -12,7 +12,7 @@ import collections
 import os
 import threading
 
-from accel.sim.pool import MAX_WARM_RANKS, RankPool
+from accel.sim.pool import MAX_WARM_RANKS, START_TIMEOUT, RankPool
 
 
 class PoolManager:
@@ -23,6 +23,10 @@ class PoolManager:
         #: environment the ranks start from (None: the process's own when a pool starts)
         self.env = env
         self._idle: collections.OrderedDict[tuple[int, str, bool], RankPool] = collections.OrderedDict()
+        #: pools being started in the background (`prestart`): done when set
+        self._starting: dict[tuple[int, str, bool], threading.Event] = {}
+        #: why a background start failed, raised by the launch that wanted that pool
+        self._start_errors: dict[tuple[int, str, bool], BaseException] = {}
         self._lock = threading.Lock()
         self._owner = os.getpid()
         self.pools_started = 0
@@ -32,7 +36,14 @@ class PoolManager:
         key = (world_size, device, real_device)
         if not isolated:
             with self._lock:
+                starting = self._starting.get(key)
+            if starting is not None and not starting.wait(START_TIMEOUT + 10):
+                raise RuntimeError(f"the pool of {world_size} {device} ranks started in the background never came up")
+            with self._lock:
+                error = self._start_errors.pop(key, None)
                 pool = self._idle.pop(key, None)
+            if error is not None:
+                raise error
             if pool is not None and pool.healthy and pool.alive():
                 return pool
             if pool is not None:
@@ -41,6 +52,36 @@ class PoolManager:
         pool.start()
         self.pools_started += 1
         return pool
+
+    def prestart(self, world_size: int, device: str, real_device: bool = False) -> None:
+        """Start a pool for this configuration in the background (the next `acquire` of it waits for it).
+
+        The pytest harness calls it as soon as it sees a distributed test coming, so that the
+        ranks start while pytest still imports and collects test modules.
+        """
+        key = (world_size, device, real_device)
+        with self._lock:
+            if key in self._idle or key in self._starting or os.getpid() != self._owner:
+                return
+            done = self._starting[key] = threading.Event()
+
+        def start() -> None:
+            try:
+                pool = RankPool(world_size, device, real_device, env=self.env)
+                pool.start()
+            except BaseException as error:  # the launch that wants this pool raises it
+                with self._lock:
+                    self._start_errors[key] = error
+                    del self._starting[key]
+                done.set()
+                return
+            self.pools_started += 1
+            with self._lock:
+                del self._starting[key]
+            self.release(pool, True)
+            done.set()
+
+        threading.Thread(target=start, name=f"accel-sim-prestart-{device}{world_size}", daemon=True).start()
 
     def release(self, pool: RankPool, reusable: bool) -> None:
         """Give a pool back after a task: kept warm when `reusable`, else killed."""
@@ -65,8 +106,13 @@ class PoolManager:
             self._idle.clear()
             return
         with self._lock:
+            starting = list(self._starting.values())
+        for done in starting:  # a pool started in the background must not outlive us
+            done.wait(START_TIMEOUT + 10)
+        with self._lock:
             pools = list(self._idle.values())
             self._idle.clear()
+            self._start_errors.clear()
         for pool in pools:
             pool.close()
 

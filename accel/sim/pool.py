@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from accel.sim import coverage_support, deadlock, entry, forking, guard, output, stacks
+from accel.sim import coverage_support, deadlock, forking, guard, output, stacks
 from accel.sim.failures import DistributedFailure, RankFailure
 from accel.sim.messages import ExceptionReport, Port, Ready, RunTask, StartError, Status, Stop, TaskDone
 
@@ -99,7 +99,6 @@ class RankPool:
 
     def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start the ranks and wait until each has its process group."""
-        ctx = forking.context()
         config = {
             "world_size": self.world_size,
             "device": self.device,
@@ -111,12 +110,7 @@ class RankPool:
         }
         try:
             for rank in range(self.world_size):
-                parent_end, child_end = ctx.Pipe()
-                proc = ctx.Process(
-                    target=entry.rank_main, args=({**config, "rank": rank}, child_end), name=f"accel-sim-rank{rank}"
-                )
-                proc.start()
-                child_end.close()
+                proc, parent_end = forking.start_rank({**config, "rank": rank})
                 self._procs.append(proc)
                 self._conns.append(parent_end)
             self._outputs = [
@@ -213,6 +207,8 @@ class RankPool:
         for proc in self._procs:
             if proc.pid is not None:
                 proc.join(5.0)
+            with contextlib.suppress(ValueError):  # still running after 5 s: its sentinel stays open
+                proc.close()
         for conn in self._conns:
             conn.close()
         for files in self._outputs:

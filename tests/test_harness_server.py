@@ -1,0 +1,193 @@
+"""The rank server (`accel.sim.server`): shared by sessions and by `-n N` workers, keyed, never
+serving a changed project, stopped when idle, leaving nothing of a session running; and the
+harness starting the first distributed test's ranks while pytest still collects."""
+
+import os
+import signal
+import sys
+import threading
+
+import pytest
+from harness_support import assert_nothing_left_running, children, is_rank_server
+from support import process_gone
+
+from accel.sim import forking, server
+from harness.plugin import first_distributed_config
+
+pytest_plugins = ["pytester"]
+
+NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
+
+RECORDING = """
+import os, pathlib
+from harness import distributed_test
+
+@distributed_test(world_size=2)
+def test_{name}(rank):
+    folder = pathlib.Path(__file__).parent / "pids"
+    folder.mkdir(exist_ok=True)
+    (folder / str(os.getpid())).write_text(str(os.getppid()))
+"""
+
+
+@pytest.fixture
+def own_servers(monkeypatch):
+    """Rank servers of this test only (its own key), stopped at its end."""
+    monkeypatch.setenv("ACCEL_SIM_SERVER_IDLE", "30")
+    started = set()
+    yield started
+    for pid in started:
+        if not process_gone(pid, within=0):
+            os.kill(pid, signal.SIGTERM)
+        assert process_gone(pid)
+
+
+def _pids(pytester):
+    folder = pytester.path / "pids"
+    found = {int(path.name): int(path.read_text()) for path in folder.iterdir()}
+    for path in folder.iterdir():
+        path.unlink()
+    return found
+
+
+def test_sessions_and_their_workers_share_one_server_and_leave_no_rank_running(pytester, own_servers):
+    pytester.makepyfile(test_h_a=RECORDING.format(name="a"), test_h_b=RECORDING.format(name="b"))
+    first = pytester.runpytest_subprocess(*NO_HYPOTHESIS, "-n", "2")
+    first.assert_outcomes(passed=2)
+    ranks = _pids(pytester)
+    servers = set(ranks.values())
+    own_servers.update(servers)
+    assert len(servers) == 1 and is_rank_server(next(iter(servers)))  # both workers' ranks came from it
+    assert_nothing_left_running(set(ranks), servers)
+
+    second = pytester.runpytest_subprocess(*NO_HYPOTHESIS, "-n", "2")
+    second.assert_outcomes(passed=2)
+    again = _pids(pytester)
+    assert set(again.values()) == servers  # the next session found it warm
+    assert not set(again) & set(ranks)  # with ranks of its own
+    assert_nothing_left_running(set(again), servers)
+
+
+def test_each_session_its_own_fork_server_when_asked(pytester, monkeypatch):
+    monkeypatch.setenv("ACCEL_SIM_SERVER", "0")
+    pytester.makepyfile(test_h_a=RECORDING.format(name="a"))
+    pytester.runpytest_subprocess(*NO_HYPOTHESIS).assert_outcomes(passed=1)
+    ranks = _pids(pytester)
+    assert not any(is_rank_server(parent) for parent in ranks.values())
+    assert_nothing_left_running(set(ranks), set(ranks.values()))
+
+
+@pytest.fixture
+def preloaded_module(tmp_path, monkeypatch):
+    """A module of the 'project' that rank servers of this test preload (and so a key of their own)."""
+    module = tmp_path / "h_server_preloaded.py"
+    module.write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(forking, "_extra_preload", [*forking._extra_preload, "h_server_preloaded"])
+    return module
+
+
+def test_a_server_never_serves_a_changed_project(preloaded_module, own_servers):
+    before = forking._connect()
+    own_servers.add(before.server_pid)
+    again = forking._connect()
+    assert again.server_pid == before.server_pid
+    again.close()
+
+    preloaded_module.write_text("VALUE = 2  # edited\n")
+    after = forking._connect()
+    own_servers.add(after.server_pid)
+    assert after.server_pid != before.server_pid  # it refused; a fresh server imported the new file
+    assert not process_gone(before.server_pid, within=0)  # still serving its client...
+    before.close()
+    assert process_gone(before.server_pid)  # ...then gone with it
+    after.close()
+
+
+def test_an_idle_server_stops(preloaded_module, monkeypatch):
+    monkeypatch.setenv("ACCEL_SIM_SERVER_IDLE", "1")
+    client = forking._connect()
+    assert not process_gone(client.server_pid, within=0)
+    client.close()
+    assert process_gone(client.server_pid, within=30)
+
+
+def test_a_client_gone_takes_its_ranks_with_it(preloaded_module, own_servers, tmp_path):
+    from accel.sim.pool import RankPool
+
+    client = forking._connect()
+    own_servers.add(client.server_pid)
+    previous = forking._client, forking._client_pid
+    forking._client, forking._client_pid = client, os.getpid()
+    used = forking.use_server(True)
+    try:
+        pool = RankPool(2, "cpu")
+        pool.start()
+    finally:
+        forking._client, forking._client_pid = previous
+        forking.use_server(used)
+    ranks = set(pool.pids)
+    assert set(children(client.server_pid)) == ranks
+    client.close()  # as when the session is killed: the server kills them
+    assert all(process_gone(pid) for pid in ranks)
+    assert [proc.join(10) or proc.exitcode for proc in pool._procs] == [-signal.SIGKILL] * 2
+    pool.kill()
+
+
+def test_the_server_refuses_to_fork_with_threads_running():
+    assert server._unsafe_threads(server._native_threads()) == ""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert "Python threads" in server._unsafe_threads(server._native_threads())
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_the_key_follows_what_the_preloaded_modules_depend_on(monkeypatch):
+    key = forking.server_key()
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")  # one worker's moment: same server
+    monkeypatch.setenv("COV_CORE_SOURCE", "somewhere")
+    assert forking.server_key() == key
+    monkeypatch.setenv("H_SOME_SETTING", "1")
+    assert forking.server_key() != key
+    monkeypatch.delenv("H_SOME_SETTING")
+    monkeypatch.setattr(sys, "path", [*sys.path, "/elsewhere"])
+    assert forking.server_key() != key
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("@distributed_test(world_size=2)\ndef test_a(rank): ...\n", (2, "cpu")),
+        ("@harness.distributed_test(3, 'xla')\ndef test_a(rank): ...\n", (3, "xla")),
+        ("@distributed_test(world_size=[2, 4], device=['cuda', 'cpu'])\ndef test_a(rank): ...\n", (2, "cuda")),
+        ("@distributed_test()\ndef test_a(rank): ...\n", (4, "cpu")),
+        ("@distributed_test(isolated=True)\ndef test_a(rank): ...\n", None),
+        ("@distributed_test(world_size=SIZES)\ndef test_a(rank): ...\n", None),
+        ("def test_plain(): ...\n", None),
+        ("class TestIt:\n    @distributed_test(world_size=1)\n    def test_m(self, rank): ...\n", (1, "cpu")),
+    ],
+)
+def test_the_first_distributed_configuration_is_read_from_the_source(tmp_path, source, expected):
+    path = tmp_path / "test_h_source.py"
+    path.write_text(source)
+    assert first_distributed_config(str(path)) == expected
+
+
+def test_the_first_pool_starts_while_pytest_collects_and_serves_the_first_test(pytester):
+    pytester.makepyfile(test_h_a=RECORDING.format(name="a"))
+    pytester.makeconftest(
+        """
+        import pathlib
+        from harness.plugin import MANAGER_KEY
+
+        def pytest_sessionfinish(session):
+            started = session.config.stash[MANAGER_KEY].pools_started
+            (pathlib.Path(__file__).parent / "started").write_text(str(started))
+        """
+    )
+    pytester.runpytest(*NO_HYPOTHESIS).assert_outcomes(passed=1)
+    assert (pytester.path / "started").read_text() == "1"  # started ahead, then used
