@@ -10,6 +10,16 @@ from accel._lazy import lazy_exports
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "accel.utils.modeling": ["infer_auto_device_map", "load_checkpoint_in_model"],
+    "accel.big_modeling": [
+        "cpu_offload",
+        "cpu_offload_with_hook",
+        "disk_offload",
+        "dispatch_model",
+        "init_empty_weights",
+        "init_on_device",
+        "load_checkpoint_and_dispatch",
+    ],
     "accel.accelerator": ["Accelerator"],
     "accel.state": ["PartialState", "AcceleratorState", "GradientState", "reset_state"],
     "accel.data_loader": ["prepare_data_loader", "skip_first_batches"],
@@ -87,6 +97,19 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
         GradientAccumulationPlugin as GradientAccumulationPlugin,
         DataLoaderConfiguration as DataLoaderConfiguration,
         ProjectConfiguration as ProjectConfiguration,
+    )
+    from accel.big_modeling import (
+        cpu_offload as cpu_offload,
+        cpu_offload_with_hook as cpu_offload_with_hook,
+        disk_offload as disk_offload,
+        dispatch_model as dispatch_model,
+        init_empty_weights as init_empty_weights,
+        init_on_device as init_on_device,
+        load_checkpoint_and_dispatch as load_checkpoint_and_dispatch,
+    )
+    from accel.utils.modeling import (
+        infer_auto_device_map as infer_auto_device_map,
+        load_checkpoint_in_model as load_checkpoint_in_model,
     )
 # isort: on
 

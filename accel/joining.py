@@ -63,10 +63,15 @@ def _make_step_joinable(optimizers: Sequence[Any], hardware: Any) -> Any:
 def join_optimizer_steps(optimizers: Sequence[Any], hardware: Any) -> Iterator[None]:
     """Join uneven inputs at the optimizer step (for hardware without DDP join, see module doc)."""
     if not optimizers:
-        raise ValueError(
-            "join_uneven_inputs on this hardware joins at the optimizer step: prepare an optimizer with "
-            "Accelerator.prepare() before entering it"
+        # Accelerate proceeds here (its join has no effect off DDP): so do we, saying what is not joined.
+        warnings.warn(
+            "join_uneven_inputs on this hardware joins at the optimizer step, and no optimizer was prepared: it has "
+            "no effect, and ranks with fewer batches may hang the others at their next collective. Prepare the "
+            "optimizer with Accelerator.prepare() to join uneven inputs.",
+            stacklevel=3,
         )
+        yield
+        return
     joinable = _make_step_joinable(optimizers, hardware)
     first = optimizers[0]
 
@@ -97,9 +102,10 @@ def join_ddp_models(models: Sequence[Any], **join_kwargs: Any) -> Iterator[None]
     """
     joinables = [m for m in models if isinstance(m, Joinable)]
     if not joinables:
-        warnings.warn(
-            "join_uneven_inputs joins DistributedDataParallel models (prepared with Accelerator.prepare() on "
-            "several processes), but none was given: it has no effect. Pass the prepared model.",
+        warnings.warn(  # "only supported for multi-GPU": Accelerate's words, which its scripts check
+            "join_uneven_inputs joins DistributedDataParallel models (prepared with Accelerator.prepare() on several "
+            "processes) and none was given: joining is only supported for multi-GPU (or multi-CPU) DDP training, so "
+            "it has no effect here. Pass the prepared model.",
             stacklevel=3,
         )
         yield
@@ -128,8 +134,9 @@ def override_even_batches(loaders: Sequence[Any], even_batches: bool | None) -> 
             skipped.append(type(loader).__name__)
     if skipped:
         warnings.warn(
-            "join_uneven_inputs(even_batches=...) only changes data loaders over map-style datasets that are not "
-            f"dispatched; left as they are: {', '.join(skipped)}",
+            # "only supported for map-style datasets": Accelerate's words, which its scripts check
+            "join_uneven_inputs(even_batches=...): overriding even_batches is only supported for map-style datasets "
+            f"that are not dispatched; left as they are: {', '.join(skipped)}",
             stacklevel=3,
         )
     for sampler, _ in samplers:

@@ -65,6 +65,11 @@ class PartialState(_Topology):
         if not self._shared_state:
             self._setup(cpu or env_flag(CPU_ENV), debug, kwargs)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickling joins the shared state (a state pickled in this process is the same state); in a
+        # process without one yet, the pickled attributes become the shared state.
+        _join_shared_state(self, state)
+
     def _setup(self, cpu: bool, debug: bool | None, init_kwargs: dict[str, Any]) -> None:
         check_engine_environment()  # DeepSpeed/FSDP/Megatron asked for: refuse rather than run plain DDP
         hardware = select_backend(cpu=cpu)
@@ -300,15 +305,30 @@ class AcceleratorState(_Topology):
             self._mixed_precision = requested
         self.initialized = self.initialized or _from_accelerator
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _join_shared_state(self, state)
+
     def __getattr__(self, name: str) -> Any:
         # Only called for names not found on the instance: delegate to PartialState.
-        if name.startswith("__") or "partial" not in self._shared_state:
+        if name.startswith("__"):
             raise AttributeError(name)
+        if "partial" not in self._shared_state:
+            raise AttributeError(
+                # Accelerate's words, which its scripts check
+                f"`AcceleratorState` object has no attribute `{name}`. This happens if "
+                "`AcceleratorState._reset_state()` was called and an `Accelerator` or `PartialState` was not "
+                "reinitialized: create an Accelerator() again before using it"
+            )
         return getattr(self._shared_state["partial"], name)
 
     @property
     def mixed_precision(self) -> str:
         return self._mixed_precision
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Destroy `group` (default: the default group) if a process group is initialised (also after a reset)."""
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group(group)
 
     def __repr__(self) -> str:
         return repr(self.partial) + f"Mixed precision type: {self.mixed_precision}\n"
@@ -318,6 +338,15 @@ class AcceleratorState(_Topology):
         cls._shared_state.clear()
         if reset_partial_state:
             PartialState._reset_state()
+
+
+def _join_shared_state(obj: Any, state: dict[str, Any]) -> None:
+    """`__setstate__` of the shared-state classes: `obj` shares its class's state, filled from `state`
+    only when this process has none yet."""
+    shared = type(obj)._shared_state
+    if not shared:
+        shared.update(state)
+    obj.__dict__ = shared
 
 
 def _check_precision(value: str) -> str:
@@ -364,6 +393,9 @@ class GradientState:
             }
             if self.plugin_kwargs.get("num_steps") is None:
                 self.plugin_kwargs["num_steps"] = 1
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        _join_shared_state(self, state)
 
     @property
     def initialized(self) -> bool:

@@ -295,13 +295,14 @@ def test_bad_process_layout_is_rejected():
         IterableDatasetShard(range(4), num_processes=0)
 
 
-def test_dispatcher_rejects_batches_that_are_not_tensors():
+def test_dispatcher_rejects_batches_without_tensors():
+    # as Accelerate: a batch must hold a tensor to have a batch size (non-tensor values alongside pass along)
     loader = prepare_data_loader(
         DataLoader(Stream(4, tensors=False), batch_size=2, collate_fn=lambda items: {"text": ["a"] * len(items)}),
         dispatch_batches=True,
     )
     assert isinstance(loader, DataLoaderDispatcher)
-    with pytest.raises(TypeError, match=r"batch\['text'\] is a list|batch\['text'\]\[0\] is a str"):
+    with pytest.raises(TypeError, match="batch size"):
         list(loader)
 
 

@@ -512,3 +512,122 @@ def test_clean_state_dict_for_safetensors_matches_accelerate(caplog, request):
     assert clean_state_dict_for_safetensors(ours) is ours
     assert list(ours) == list(peer(theirs)) == ["0.weight"]
     assert "1.weight" in caplog.text
+
+
+# -- issue 16: names and behaviours found by running Accelerate's own tests against accel ----------
+
+
+def test_convert_dict_to_env_variables_skips_unsafe_items(caplog):
+    from accel.utils import convert_dict_to_env_variables
+
+    env = {"ACCELERATE_DEBUG_MODE": "1", "BAD_ENV_NAME": "<mything", "OTHER_ENV": "2", "EMPTY": ""}
+    with caplog.at_level("WARNING", logger="accel.utils.environment"):
+        assert convert_dict_to_env_variables(env) == ["ACCELERATE_DEBUG_MODE=1\n", "OTHER_ENV=2\n"]
+    assert "BAD_ENV_NAME" in caplog.text and "EMPTY" in caplog.text
+
+
+def test_torch_dynamo_plugin_reads_the_environment_like_accelerates(monkeypatch):
+    from accelerate.utils import TorchDynamoPlugin as Peer
+
+    from accel.utils import DynamoBackend, TorchDynamoPlugin
+
+    for name in ("BACKEND", "MODE", "USE_FULLGRAPH", "USE_DYNAMIC", "USE_REGIONAL_COMPILATION"):
+        monkeypatch.delenv(f"ACCELERATE_DYNAMO_{name}", raising=False)
+    assert TorchDynamoPlugin().to_dict() == Peer().to_dict() and TorchDynamoPlugin().to_kwargs() == {}
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "inductor")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_MODE", "max-autotune")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_DYNAMIC", "true")
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "1")
+    ours, theirs = TorchDynamoPlugin(), Peer()
+    assert ours.backend is DynamoBackend.INDUCTOR and ours.dynamic is True and ours.use_regional_compilation
+    assert ours.to_dict() == theirs.to_dict() and ours.to_kwargs() == theirs.to_kwargs()
+    assert "use_regional_compilation" not in ours.to_kwargs()
+    with pytest.raises(ValueError, match="backend='NOPE'"):
+        TorchDynamoPlugin(backend="nope")
+
+
+def test_error_texts_users_compare_are_accelerates():
+    from accelerate.utils import recursively_apply as peer_apply
+
+    from accel.utils import recursively_apply
+
+    texts = []
+    for apply in (recursively_apply, peer_apply):
+        with pytest.raises(TypeError) as caught:
+            apply(torch.tensor, (torch.tensor(1), 1), error_on_other_type=True)
+        texts.append(str(caught.value))
+    assert texts[0] == texts[1]
+
+
+def test_pad_across_processes_warns_on_nested_tensors_and_keeps_out_of_range_dims():
+    from accel.utils import CannotPadNestedTensorWarning, pad_across_processes
+
+    PartialState()
+    nested = torch.nested.nested_tensor([torch.ones(3), torch.ones(1)])
+    with pytest.warns(CannotPadNestedTensorWarning):
+        assert pad_across_processes(nested) is nested
+    tensor = torch.randn(4, 3, 10)
+    assert pad_across_processes(tensor, dim=-1) is tensor and pad_across_processes(tensor, dim=-4) is tensor
+
+
+def test_convert_outputs_to_fp32_can_be_undone_and_pickled():
+    import pickle
+
+    from accel.utils import convert_outputs_to_fp32, extract_model_from_parallel
+    from accel.utils.operations import ConvertOutputsToFp32
+
+    model = torch.nn.Linear(2, 2)
+    model._original_forward = model.forward
+    model.forward = convert_outputs_to_fp32(torch.autocast("cpu", dtype=torch.bfloat16)(model.forward))
+    assert isinstance(model.forward, ConvertOutputsToFp32)  # a class: no local function in the way
+    assert model(torch.randn(3, 2)).dtype == torch.float32
+    with pytest.raises(pickle.PicklingError, match="unwrap_model"):
+        pickle.dumps(model)
+    model = extract_model_from_parallel(model, keep_fp32_wrapper=False)
+    assert "forward" not in model.__dict__ and "_original_forward" not in model.__dict__
+    assert model(torch.randn(3, 2)).dtype == torch.float32
+    pickle.loads(pickle.dumps(model))
+
+
+def test_saving_tied_weights_as_safetensors_logs_what_was_left_out(tmp_path, caplog):
+    from safetensors.torch import load_file
+
+    from accel.utils import save
+
+    PartialState()
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(10, 10)
+            self.b = self.a
+
+    with caplog.at_level("WARNING"):
+        save(Tied().state_dict(), tmp_path / "model.safetensors", safe_serialization=True)
+    records = [r for r in caplog.records if "Removed shared tensor" in r.getMessage()]
+    assert len(records) == 1 and "b.weight" in records[0].getMessage()
+    assert sorted(load_file(tmp_path / "model.safetensors")) == ["a.bias", "a.weight"]
+
+
+def test_shared_state_survives_pickling_and_says_when_it_was_reset():
+    import pickle
+
+    from accel.state import AcceleratorState, reset_state
+
+    state = AcceleratorState()
+    _ = state.device
+    again = pickle.loads(pickle.dumps(state))
+    assert again.__dict__ is state.__dict__ and again.device == state.device
+    reset_state()
+    with pytest.raises(AttributeError, match="This happens if `AcceleratorState._reset_state\\(\\)` was called"):
+        _ = AcceleratorState.__new__(AcceleratorState).__getattr__("device")
+    AcceleratorState().destroy_process_group()  # no group: nothing to do, no error
+
+
+def test_copy_tensor_to_devices_on_one_process():
+    from accel.utils.operations import copy_tensor_to_devices
+
+    PartialState()
+    assert copy_tensor_to_devices(torch.tensor([1, 2, 3])).tolist() == [1, 2, 3]
+    with pytest.raises(ValueError, match="passed None"):
+        copy_tensor_to_devices(None)

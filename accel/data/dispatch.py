@@ -3,8 +3,9 @@
 For each global batch the main process broadcasts a small header (the nesting, shapes
 and dtypes of the batch, how many rows are real, how many are padding) and then the
 tensors themselves, one collective per dtype. Every process then keeps its rows.
-Errors on the main process (a batch that is not made of tensors, a failing dataset)
-are broadcast in the header too, so every process raises instead of waiting forever.
+Values of a batch that are not tensors travel in the header, whole, to every process.
+Errors on the main process (a failing dataset, a batch without tensors) are broadcast
+in the header too, so every process raises instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ _EMPTY = object()  # this process's share of a global batch has no rows
 def describe_batch(batch: Any, where: str = "batch") -> Any:
     """The batch's nesting with each tensor replaced by its shape and dtype.
 
-    Raises TypeError naming the first leaf that is not a tensor: only tensors can be
-    broadcast.
+    Other values (strings, numbers, `None`...) stay as they are: they travel in the header,
+    so every process receives the main process's values whole, as Accelerate passes them
+    along (they are not split between processes). They must be picklable.
     """
     if isinstance(batch, torch.Tensor):
         return TensorInformation(tuple(batch.shape), batch.dtype)
@@ -36,11 +38,7 @@ def describe_batch(batch: Any, where: str = "batch") -> Any:
         return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
     if isinstance(batch, Mapping):
         return {key: describe_batch(value, f"{where}[{key!r}]") for key, value in batch.items()}
-    raise TypeError(
-        f"DataLoaderDispatcher can only dispatch batches made of tensors (nested lists, tuples and dicts of "
-        f"tensors), but {where} is a {type(batch).__name__}: {repr(batch)[:80]}. Return tensors from the "
-        "dataset / collate_fn, or pass dispatch_batches=False so that each process loads its own batches."
-    )
+    return batch
 
 
 def _allocate(structure: Any, device: torch.device) -> Any:

@@ -94,9 +94,41 @@ _EXPORTS = {
         "is_tensor_information",
         "honor_type",
         "ignorant_find_batch_size",
+        "copy_tensor_to_devices",
     ],
-    "accel.utils.modeling": ["extract_model_from_parallel", "is_compiled_module"],
-    "accel.utils.memory": ["free_memory", "release_device_cache", "release_memory", "find_executable_batch_size"],
+    "accel.utils.modeling": [
+        "extract_model_from_parallel",
+        "is_compiled_module",
+        "align_module_device",
+        "check_device_map",
+        "clean_device_map",
+        "compute_module_sizes",
+        "compute_module_total_buffer_size",
+        "convert_file_size_to_int",
+        "dtype_byte_size",
+        "find_tied_parameters",
+        "get_balanced_memory",
+        "get_max_layer_size",
+        "get_max_memory",
+        "get_module_size_with_ties",
+        "get_non_persistent_buffers",
+        "get_state_dict_offloaded_model",
+        "has_offloaded_params",
+        "id_tensor_storage",
+        "infer_auto_device_map",
+        "load_checkpoint_in_model",
+        "load_state_dict",
+        "named_module_tensors",
+        "retie_parameters",
+        "set_module_tensor_to_device",
+    ],
+    "accel.utils.memory": [
+        "free_memory",
+        "release_device_cache",
+        "release_memory",
+        "find_executable_batch_size",
+        "clear_device_cache",
+    ],
     "accel.utils.environment": [
         "patch_environment",
         "clear_environment",
@@ -106,6 +138,7 @@ _EXPORTS = {
         "parse_flag_from_env",
         "parse_choice_from_env",
         "get_int_from_env",
+        "convert_dict_to_env_variables",
     ],
     "accel.utils.versions": ["compare_versions", "is_torch_version"],
     "accel.utils.other": [
@@ -152,6 +185,8 @@ _EXPORTS = {
         "GradientAccumulationPlugin",
         "DataLoaderConfiguration",
         "ProjectConfiguration",
+        "TorchDynamoPlugin",
+        "DynamoBackend",
     ],
 }
 
@@ -188,16 +223,40 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
         is_tensor_information as is_tensor_information,
         honor_type as honor_type,
         ignorant_find_batch_size as ignorant_find_batch_size,
+        copy_tensor_to_devices as copy_tensor_to_devices,
     )
     from accel.utils.modeling import (
         extract_model_from_parallel as extract_model_from_parallel,
         is_compiled_module as is_compiled_module,
+        align_module_device as align_module_device,
+        check_device_map as check_device_map,
+        clean_device_map as clean_device_map,
+        compute_module_sizes as compute_module_sizes,
+        compute_module_total_buffer_size as compute_module_total_buffer_size,
+        convert_file_size_to_int as convert_file_size_to_int,
+        dtype_byte_size as dtype_byte_size,
+        find_tied_parameters as find_tied_parameters,
+        get_balanced_memory as get_balanced_memory,
+        get_max_layer_size as get_max_layer_size,
+        get_max_memory as get_max_memory,
+        get_module_size_with_ties as get_module_size_with_ties,
+        get_non_persistent_buffers as get_non_persistent_buffers,
+        get_state_dict_offloaded_model as get_state_dict_offloaded_model,
+        has_offloaded_params as has_offloaded_params,
+        id_tensor_storage as id_tensor_storage,
+        infer_auto_device_map as infer_auto_device_map,
+        load_checkpoint_in_model as load_checkpoint_in_model,
+        load_state_dict as load_state_dict,
+        named_module_tensors as named_module_tensors,
+        retie_parameters as retie_parameters,
+        set_module_tensor_to_device as set_module_tensor_to_device,
     )
     from accel.utils.memory import (
         free_memory as free_memory,
         release_device_cache as release_device_cache,
         release_memory as release_memory,
         find_executable_batch_size as find_executable_batch_size,
+        clear_device_cache as clear_device_cache,
     )
     from accel.utils.environment import (
         patch_environment as patch_environment,
@@ -208,6 +267,7 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
         parse_flag_from_env as parse_flag_from_env,
         parse_choice_from_env as parse_choice_from_env,
         get_int_from_env as get_int_from_env,
+        convert_dict_to_env_variables as convert_dict_to_env_variables,
     )
     from accel.utils.versions import (
         compare_versions as compare_versions,
@@ -322,6 +382,8 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
         GradientAccumulationPlugin as GradientAccumulationPlugin,
         DataLoaderConfiguration as DataLoaderConfiguration,
         ProjectConfiguration as ProjectConfiguration,
+        TorchDynamoPlugin as TorchDynamoPlugin,
+        DynamoBackend as DynamoBackend,
     )
 # isort: on
 

@@ -356,6 +356,82 @@ class GradientAccumulationPlugin(KwargsHandler):
             )
 
 
+class DynamoBackend(_StrEnum):
+    """Backends of `torch.compile` that `TorchDynamoPlugin` names (upper case, as Accelerate spells them)."""
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
+
+
+_DYNAMO_ENV = "ACCELERATE_DYNAMO_"
+
+
+@dataclasses.dataclass
+class TorchDynamoPlugin(KwargsHandler):
+    """Arguments of `torch.compile` (`backend`, `mode`, `fullgraph`, `dynamic`, `options`, `disable`).
+
+    Fields left as None are read from `ACCELERATE_DYNAMO_BACKEND` / `_MODE` /
+    `_USE_FULLGRAPH` / `_USE_DYNAMIC` / `_USE_REGIONAL_COMPILATION` (what `accelerate
+    launch --dynamo_*` sets), else: backend "no", mode "default", fullgraph False,
+    dynamic None (torch decides). `use_regional_compilation` compiles repeated blocks one by
+    one; it is not an argument of `torch.compile` and `to_kwargs()` leaves it out.
+    """
+
+    backend: DynamoBackend | str | None = None
+    mode: str | None = None
+    fullgraph: bool | None = None
+    dynamic: bool | None = None
+    options: Any = None
+    disable: bool = False
+    use_regional_compilation: bool | None = None
+
+    def __post_init__(self) -> None:
+        from accel.utils.environment import str_to_bool
+
+        backend = self.backend if self.backend is not None else os.environ.get(_DYNAMO_ENV + "BACKEND", "no")
+        self.backend = _coerce(DynamoBackend, str(backend).upper(), "TorchDynamoPlugin", "backend")
+        if self.mode is None:
+            self.mode = os.environ.get(_DYNAMO_ENV + "MODE", "default")
+        if self.fullgraph is None:
+            self.fullgraph = str_to_bool(os.environ.get(_DYNAMO_ENV + "USE_FULLGRAPH", "False")) == 1
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = (
+                str_to_bool(os.environ.get(_DYNAMO_ENV + "USE_REGIONAL_COMPILATION", "False")) == 1
+            )
+        if self.dynamic is None and _DYNAMO_ENV + "USE_DYNAMIC" in os.environ:
+            self.dynamic = str_to_bool(os.environ[_DYNAMO_ENV + "USE_DYNAMIC"]) == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        config = copy.deepcopy(self.__dict__)
+        config["backend"] = str(config["backend"]).lower()
+        return config
+
+    def to_kwargs(self) -> dict[str, Any]:
+        # the defaults are those of a plugin built without the ACCELERATE_DYNAMO_* environment
+        saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(_DYNAMO_ENV)}
+        try:
+            defaults = type(self)().to_dict()
+        finally:
+            os.environ.update(saved)
+        kwargs = {k: v for k, v in self.to_dict().items() if defaults.get(k, _MISSING) != v}
+        kwargs.pop("use_regional_compilation", None)
+        return kwargs
+
+
 @dataclasses.dataclass
 class DataLoaderConfiguration:
     """How `Accelerator.prepare` builds data loaders (see `prepare_data_loader`)."""

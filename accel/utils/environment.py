@@ -4,14 +4,34 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import platform
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
+
+
+def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
+    """`KEY=value\\n` lines of the items of `current_env` that are safe to write to an environment file.
+
+    Items whose key or value is empty or holds one of `;`, newline, `<`, `>` or a space are
+    left out, each with a warning.
+    """
+    forbidden = (";", "\n", "<", ">", " ")
+    lines = []
+    for key, value in current_env.items():
+        text = f"{key}{value}"
+        if key and value and not any(char in text for char in forbidden):
+            lines.append(f"{key}={value}\n")
+        else:
+            logger.warning(f"Skipping {key}={value}: it is empty or contains one of {list(forbidden)}")
+    return lines
 
 
 def env_flag(name: str, default: bool = False) -> bool:

@@ -25,6 +25,13 @@ def release_device_cache(hardware: Any = None) -> None:
         torch.cuda.empty_cache()
 
 
+def clear_device_cache(garbage_collection: bool = False) -> None:
+    """Release the device's cached memory (after a `gc.collect()` with `garbage_collection`, which is slow)."""
+    if garbage_collection:
+        gc.collect()
+    release_device_cache(_active_hardware())
+
+
 def _active_hardware() -> Any:
     from accel.state import PartialState
 

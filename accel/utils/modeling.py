@@ -7,10 +7,17 @@ inspecting want the plain `nn.Module` back.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import warnings
+from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 
 def is_compiled_module(module: Any) -> bool:
@@ -45,6 +52,7 @@ def extract_model_from_parallel(
         _unwrap_submodules(inner)
     if not keep_fp32_wrapper:
         remove_autocast_forward(inner)
+        restore_original_forward(inner)
     if keep_torch_compile and compiled is not None:
         compiled._orig_mod = inner
         return compiled
@@ -93,6 +101,27 @@ def remove_autocast_forward(model: torch.nn.Module) -> None:
             model.forward = patched.original
 
 
+def restore_original_forward(model: torch.nn.Module) -> None:
+    """Undo forward wrappers applied over `model._original_forward` (Accelerate's convention).
+
+    Code that wraps a forward (`model._original_forward = model.forward` then
+    `model.forward = convert_outputs_to_fp32(autocast(model.forward))`) records the
+    original; the wrappers are unwound through their `__wrapped__` and the original is put
+    back (whatever wrappers were stacked over it): for the class's own `forward`, the instance
+    attribute is removed, so the module pickles and behaves as before it was wrapped. No-op
+    without `_original_forward`.
+    """
+    original = model.__dict__.pop("_original_forward", None)
+    if original is None:
+        return
+    if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is getattr(
+        type(model).forward, "__func__", type(model).forward
+    ):
+        model.__dict__.pop("forward", None)
+    else:
+        model.forward = original
+
+
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
@@ -114,3 +143,801 @@ def outputs_to_fp32(value: Any) -> Any:
         except TypeError:
             return converted
     return value
+
+
+# -- big-model utilities: sizes, tensors of a module, device maps, checkpoint loading ---------------
+
+_SIZE_UNITS = {
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+
+
+def convert_file_size_to_int(size: int | str) -> int:
+    """Bytes in `size`: an int, or a number with a unit ("5GB" decimal, "5GiB" binary; a trailing "b" means bits)."""
+    if isinstance(size, int):
+        if size < 0:
+            raise ValueError(f"size must be a non-negative number of bytes, got {size}")
+        return size
+    text = str(size).strip()
+    upper = text.upper()
+    for unit in sorted(_SIZE_UNITS, key=len, reverse=True):
+        if upper.endswith(unit):
+            number = text[: -len(unit)].strip()
+            try:
+                value = int(float(number) * _SIZE_UNITS[unit])
+            except ValueError as error:
+                raise ValueError(f"size {size!r}: {number!r} is not a number") from error
+            if text.endswith("b"):  # "5Gb": gigabits
+                value //= 8
+            if value < 0:
+                raise ValueError(f"size {size!r} is negative")
+            return value
+    raise ValueError(
+        f"size {size!r} is not understood: give bytes (int) or a number with a unit such as '5GB' or '5GiB'"
+    )
+
+
+def dtype_byte_size(dtype: torch.dtype) -> float:
+    """Bytes per element of `dtype` (1/8 for bool, fractions for sub-byte types such as int4)."""
+    if dtype == torch.bool:
+        return 1 / 8
+    name = str(dtype)
+    if name.endswith(("int4", "uint4")):
+        return 0.5
+    if name.endswith("int2") or name.endswith("uint2"):
+        return 0.25
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.finfo(dtype).bits / 8 if not dtype.is_complex else torch.empty((), dtype=dtype).element_size()
+    return torch.iinfo(dtype).bits / 8
+
+
+def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
+    """What identifies `tensor`'s storage: (device, start pointer, size); tensors sharing memory give the same."""
+    storage = tensor.untyped_storage()
+    return tensor.device, storage.data_ptr(), storage.nbytes()
+
+
+def named_module_tensors(
+    module: nn.Module, include_buffers: bool = True, recurse: bool = False, remove_non_persistent: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The parameters of `module` (its own, or all with `recurse`), then its buffers with `include_buffers`
+    (without the non-persistent ones when `remove_non_persistent`)."""
+    yield from module.named_parameters(recurse=recurse)
+    if include_buffers:
+        skipped = get_non_persistent_buffers(module, recurse=recurse, fqns=True) if remove_non_persistent else set()
+        for name, buffer in module.named_buffers(recurse=recurse):
+            if name not in skipped:
+                yield name, buffer
+
+
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
+    """Names of the buffers of `module` that are not in its state dict (with `recurse`, its submodules' too:
+    by bare name, or by name relative to `module` with `fqns`). A new set: the module is not changed."""
+    names = set(module._non_persistent_buffers_set)
+    if recurse:
+        for prefix, child in module.named_modules():
+            if prefix:
+                own = child._non_persistent_buffers_set
+                names |= {f"{prefix}.{n}" for n in own} if fqns else set(own)
+    return names
+
+
+def _submodule_and_leaf(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
+    *path, leaf = tensor_name.split(".")
+    for part in path:
+        child = getattr(module, part, None)
+        if not isinstance(child, nn.Module):
+            raise ValueError(f"{type(module).__name__} has no submodule {part!r} (looking for {tensor_name!r})")
+        module = child
+    return module, leaf
+
+
+def set_module_tensor_to_device(
+    module: nn.Module,
+    tensor_name: str,
+    device: int | str | torch.device,
+    value: torch.Tensor | None = None,
+    dtype: str | torch.dtype | None = None,
+    fp16_statistics: torch.Tensor | None = None,
+    tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None,
+    non_blocking: bool = False,
+    clear_cache: bool = True,
+) -> None:
+    """Put the parameter or buffer `tensor_name` (dotted) of `module` on `device`, with `value`'s data if given.
+
+    A meta tensor needs a `value` to go anywhere but the meta device. `dtype` casts the
+    value (floating values only take the module's dtype when `dtype` is not given, as
+    Accelerate does). Parameters stay `nn.Parameter`s of the same class with their
+    `requires_grad`. `tied_params_map` (data pointer -> {device: tensor}) lets tied
+    weights share one copy per device.
+    """
+    if fp16_statistics is not None:
+        raise ValueError("fp16_statistics is for bitsandbytes 8-bit weights, which accel does not load")
+    submodule, name = _submodule_and_leaf(module, tensor_name)
+    if name not in submodule._parameters and name not in submodule._buffers:
+        raise ValueError(f"{type(submodule).__name__} has no parameter or buffer named {name!r} ({tensor_name!r})")
+    is_buffer = name in submodule._buffers
+    old = submodule._buffers[name] if is_buffer else submodule._parameters[name]
+    device = torch.device(device) if not isinstance(device, int) else torch.device(_default_device_type(), device)
+    if old is None:
+        raise ValueError(f"{tensor_name!r} of {type(submodule).__name__} is None: nothing to place")
+    if old.device.type == "meta" and value is None and device.type != "meta":
+        raise ValueError(f"{tensor_name} is on the meta device: pass a `value` to put it on {device}")
+    if value is not None:
+        if not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value)
+        if (
+            tuple(value.shape) != tuple(old.shape)
+            and old.device.type != "meta"
+            or (old.device.type == "meta" and tuple(value.shape) != tuple(old.shape))
+        ):
+            raise ValueError(  # Accelerate's words
+                f'Trying to set a tensor of shape {value.shape} in "{name}" (which has shape {old.shape}), this looks '
+                "incorrect."
+            )
+        if dtype is not None:
+            value = value.to(_as_dtype(dtype))
+        elif value.is_floating_point() and old.is_floating_point():
+            value = value.to(old.dtype)
+    if (
+        tied_params_map is not None
+        and value is not None
+        and value.data_ptr() in tied_params_map
+        and device in tied_params_map[value.data_ptr()]
+    ):
+        new_value = tied_params_map[value.data_ptr()][device]
+    else:
+        source = old if value is None else value
+        if device.type == "meta":  # no data to copy: a meta tensor of the same shape and dtype
+            new_value = torch.empty_like(source.detach(), device="meta")
+        else:
+            new_value = source.detach().to(device, non_blocking=non_blocking)
+        if dtype is not None and value is None:
+            new_value = new_value.to(_as_dtype(dtype))
+        if tied_params_map is not None and value is not None and value.data_ptr() in tied_params_map:
+            tied_params_map[value.data_ptr()][device] = new_value
+    with torch.no_grad():
+        if is_buffer:
+            submodule._buffers[name] = new_value
+        else:
+            param_cls = type(old)
+            requires_grad = old.requires_grad if new_value.is_floating_point() or new_value.is_complex() else False
+            if param_cls is nn.Parameter or not issubclass(param_cls, nn.Parameter):
+                submodule._parameters[name] = nn.Parameter(new_value, requires_grad=requires_grad)
+            else:
+                submodule._parameters[name] = param_cls(new_value, requires_grad=requires_grad)
+
+
+def _default_device_type() -> str:
+    """The accelerator type that a bare device index names (Accelerate: `0` is `cuda:0` on a GPU host)."""
+    if torch.cuda.is_available():
+        return "cuda"
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and accelerator.is_available():
+        current = accelerator.current_accelerator()
+        if current is not None:
+            return current.type
+    raise ValueError("a bare device index names a GPU, but this process sees none; name the device ('cpu')")
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype.replace("torch.", "")
+    found = getattr(torch, name, None)
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"{dtype!r} is not a torch dtype")
+    return found
+
+
+def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
+    """Groups of parameter names (sorted) that are the same parameter object (tied weights), sorted."""
+    names_of: dict[int, list[str]] = {}
+    for prefix, submodule in model.named_modules(remove_duplicate=False):
+        for name, param in submodule._parameters.items():
+            if param is None:
+                continue
+            full = f"{prefix}.{name}" if prefix else name
+            group = names_of.setdefault(id(param), [])
+            if full not in group:
+                group.append(full)
+    return sorted(sorted(group) for group in names_of.values() if len(group) > 1)
+
+
+def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
+    """Make each group of names in `tied_params` one parameter again (the first one's), after loading broke the ties."""
+    for group in tied_params:
+        shared = None
+        for name in group:
+            submodule, leaf = _submodule_and_leaf(model, name)
+            param = submodule._parameters.get(leaf)
+            if param is not None and param.device.type != "meta":
+                shared = param
+                break
+        if shared is None:
+            submodule, leaf = _submodule_and_leaf(model, group[0])
+            shared = submodule._parameters[leaf]
+        for name in group:
+            submodule, leaf = _submodule_and_leaf(model, name)
+            submodule._parameters[leaf] = shared
+
+
+def compute_module_sizes(
+    model: nn.Module,
+    dtype: str | torch.dtype | None = None,
+    special_dtypes: dict[str, str | torch.dtype] | None = None,
+    buffers_only: bool = False,
+) -> dict[str, int]:
+    """Bytes of every submodule (and tensor) of `model`, keyed by name ("" is the whole model).
+
+    `dtype` is the dtype the floating weights will be loaded in (only ever shrinks them);
+    `special_dtypes` maps tensor names to their own dtype. Tied weights count once.
+    """
+    sizes: dict[str, int] = defaultdict(int)
+    target = _as_dtype(dtype) if dtype is not None else None
+    specials = {k: _as_dtype(v) for k, v in (special_dtypes or {}).items()}
+    tensors = model.named_buffers() if buffers_only else named_module_tensors(model, recurse=True)
+    for name, tensor in tensors:
+        if name in specials:
+            size = tensor.numel() * dtype_byte_size(specials[name])
+        elif target is not None and tensor.is_floating_point():
+            size = tensor.numel() * min(dtype_byte_size(target), dtype_byte_size(tensor.dtype))
+        else:
+            size = tensor.numel() * dtype_byte_size(tensor.dtype)
+        parts = name.split(".")
+        for i in range(len(parts) + 1):
+            sizes[".".join(parts[:i])] += int(size)
+    return sizes  # a defaultdict, as Accelerate's: the second name of a tied weight (not counted) reads 0
+
+
+def compute_module_total_buffer_size(
+    model: nn.Module, dtype: str | torch.dtype | None = None, special_dtypes: dict[str, str | torch.dtype] | None = None
+) -> int:
+    """Bytes of all the buffers of `model`."""
+    return compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True).get("", 0)
+
+
+def _is_leaf_layer(module: Any, no_split_module_classes: list[str]) -> bool:
+    return (
+        not isinstance(module, nn.Module)
+        or not list(module.children())
+        or type(module).__name__ in no_split_module_classes
+    )
+
+
+def get_max_layer_size(
+    modules: list[tuple[str, Any]], module_sizes: dict[str, int], no_split_module_classes: list[str]
+) -> tuple[int, list[str]]:
+    """Size of the largest layer among `modules` (a module without children, or of a no-split class) and their names."""
+    best, names = 0, []
+    pending = list(modules)
+    while pending:
+        name, module = pending.pop(0)
+        if _is_leaf_layer(module, no_split_module_classes):
+            size = module_sizes[name]
+            if size > best:
+                best, names = size, [name]
+            elif size == best:
+                names.append(name)
+        else:
+            pending = [(f"{name}.{n}", c) for n, c in module.named_children()] + pending
+    return best, names
+
+
+def get_max_memory(max_memory: dict[int | str, int | str] | None = None) -> dict[int | str, int]:
+    """`max_memory` with sizes in bytes, GPUs first (by index) then "cpu", "disk"; or, when None, what is free now
+    on every visible GPU (`torch.cuda.mem_get_info`) and in host memory."""
+    if max_memory is None:
+        import psutil
+
+        found: dict[int | str, int] = {}
+        if torch.cuda.is_available():
+            for index in range(torch.cuda.device_count()):
+                found[index] = int(torch.cuda.mem_get_info(index)[0])
+        found["cpu"] = int(psutil.virtual_memory().available)
+        return found
+    sized = {key: convert_file_size_to_int(value) for key, value in max_memory.items()}
+    unknown = [
+        k for k in sized if not isinstance(k, int) and k not in ("cpu", "disk", "mps") and not _is_device_name(k)
+    ]
+    if unknown:
+        raise ValueError(
+            f"max_memory has keys {unknown}: use GPU indices (0, 1, ...), 'cuda:0'-style names, 'cpu' or 'disk'"
+        )
+    gpus = sorted(k for k in sized if isinstance(k, int))
+    others = [k for k in sized if not isinstance(k, int) and k not in ("cpu", "disk")]
+    order = gpus + others + [k for k in ("cpu", "disk") if k in sized]
+    return {key: sized[key] for key in order}
+
+
+def _is_device_name(key: Any) -> bool:
+    try:
+        torch.device(key)
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def clean_device_map(device_map: dict[str, Any], module_name: str = "") -> dict[str, Any]:
+    """Merge, recursively, the entries under `module_name` into one when they all name the same device."""
+    prefix = "" if module_name == "" else f"{module_name}."
+    values = [v for k, v in device_map.items() if k.startswith(prefix)]
+    if len(set(map(str, values))) == 1 and len(values) > 1:
+        for key in [k for k in device_map if k.startswith(prefix)]:
+            del device_map[key]
+        device_map[module_name] = values[0]
+    children = {
+        ".".join(k.split(".")[: len(module_name.split(".")) + 1 if module_name else 1])
+        for k in device_map
+        if k.startswith(prefix) and k != module_name and len(k) > len(prefix)
+    }
+    for child in children:
+        if child != module_name:
+            clean_device_map(device_map, module_name=child)
+    return device_map
+
+
+def get_module_leaves(module_sizes: dict[str, int]) -> list[str]:
+    """Names in `module_sizes` that have no entry below them."""
+    names = list(module_sizes)
+    return [n for n in names if not any(other.startswith(n + ".") for other in names if other != n) and n != ""]
+
+
+def get_balanced_memory(
+    model: nn.Module,
+    max_memory: dict[int | str, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    dtype: str | torch.dtype | None = None,
+    special_dtypes: dict[str, str | torch.dtype] | None = None,
+    low_zero: bool = False,
+) -> dict[int | str, int]:
+    """A `max_memory` that spreads the model evenly over the GPUs (for `device_map="balanced"`).
+
+    Each GPU but the last gets the model's size divided by the number of GPUs plus a margin
+    (1.25 times the largest no-split layer or the mean leaf), capped by its own memory;
+    `low_zero` keeps GPU 0 as empty as possible (for generation buffers).
+    """
+    user_set = max_memory is not None
+    memory = get_max_memory(max_memory)
+    gpus = sorted(k for k, v in memory.items() if isinstance(k, int) and v > 0)
+    if not gpus:
+        return memory
+    if len(gpus) == 1:
+        low_zero = False
+        if not user_set:
+            memory[gpus[0]] = int(memory[gpus[0]] * 0.9)
+    sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
+    per_gpu = sizes[""] // (len(gpus) - 1 if low_zero else len(gpus))
+    no_split = list(no_split_module_classes or [])
+    buffer = 0
+    if no_split:
+        for name, submodule in model.named_modules():
+            if name and type(submodule).__name__ in no_split:
+                buffer = max(buffer, sizes.get(name, 0))
+    inner = {n: v for n, v in sizes.items() if n not in set(get_module_leaves(sizes))}
+    leaves = get_module_leaves(inner)
+    mean_leaf = int(sum(inner[n] for n in leaves) / max(len(leaves), 1))
+    per_gpu += int(1.25 * max(buffer, mean_leaf))
+    for index in gpus[:-1]:
+        memory[index] = min(memory[0] if low_zero and index == 0 else per_gpu, memory[index])
+    if low_zero:
+        rest = sum(memory[i] for i in gpus[1:])
+        memory[gpus[0]] = min(max(0, sizes[""] - rest), memory[gpus[0]])
+    return memory
+
+
+def get_module_size_with_ties(
+    tied_params: list[str], module_size: int, module_sizes: dict[str, int], modules_to_treat: list[tuple[str, Any]]
+) -> tuple[int, list[str], list[Any]]:
+    """Size of a module plus the modules (still to place) holding its tied parameters; their names and modules."""
+    names: list[str] = []
+    modules: list[Any] = []
+    total = module_size
+    for param in tied_params:
+        match = next(((n, m) for n, m in modules_to_treat if param.startswith(n + ".")), None)
+        if match is None:
+            continue
+        names.append(match[0])
+        modules.append(match[1])
+        total += module_sizes[match[0]] - module_sizes[param]
+    return total, names, modules
+
+
+def infer_auto_device_map(
+    model: nn.Module,
+    max_memory: dict[int | str, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    dtype: str | torch.dtype | None = None,
+    special_dtypes: dict[str, str | torch.dtype] | None = None,
+    verbose: bool = False,
+    clean_result: bool = True,
+    offload_buffers: bool = False,
+    fallback_allocation: bool = False,
+) -> dict[str, int | str]:
+    """A device map for `model`: GPUs in order first, then the CPU, then the disk, as Accelerate computes it.
+
+    Submodules are placed in order on the current device while they fit; one that does
+    not fit is split into its children (unless its class is in `no_split_module_classes`)
+    or goes to the next device. The first GPU and the CPU keep room for the largest layer,
+    so that an offloaded layer can be brought in to run. Tied weights go with the first
+    module that uses them. The model may be on the meta device (`init_empty_weights`).
+    `fallback_allocation`: when nothing fits on a device, place there the first remaining
+    layer that does fit.
+    """
+    memory = get_max_memory(max_memory)
+    no_split = (
+        [no_split_module_classes] if isinstance(no_split_module_classes, str) else list(no_split_module_classes or [])
+    )
+    devices: list[int | str] = list(memory)
+    if "disk" not in devices:
+        devices.append("disk")
+    gpus = [d for d in devices if d not in ("cpu", "disk")]
+    main_devices = [gpus[0], "cpu"] if gpus else ["cpu"]
+    sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
+    tied = find_tied_parameters(model)
+    pending: list[tuple[str, Any]] = (
+        list(model.named_parameters(recurse=False))
+        + list(model.named_children())
+        + list(model.named_buffers(recurse=False))
+    )
+    device_map: dict[str, int | str] = {}
+    used = dict.fromkeys(devices, 0)
+    current = 0
+    max_layer, max_layer_names = get_max_layer_size(pending, sizes, no_split)
+    too_small: dict[int | str, int] = {}  # device -> what the first module it could not take needed
+
+    def say(text: str) -> None:
+        if verbose:
+            print(text)
+
+    while pending:
+        name, module = pending.pop(0)
+        say(f"Treating module {name}.")
+        max_layer_names = [n for n in max_layer_names if n != name and not n.startswith(name + ".")]
+        if not max_layer_names:
+            max_layer, max_layer_names = get_max_layer_size(
+                [(n, m) for n, m in pending if isinstance(m, nn.Module)], sizes, no_split
+            )
+        size = sizes[name]
+        groups = [
+            g for g in tied if any(name + "." in k + "." for k in g) and not all(name + "." in k + "." for k in g)
+        ]
+        tied_outside = [p for g in groups for p in g if name + "." not in p + "."]
+        device = devices[current]
+        limit: int | None = None if device == "disk" else memory[device]
+        reserved = 0
+        if limit is not None and device in main_devices:
+            limit -= max_layer
+            reserved = max_layer
+        size_with_ties, tied_names, tied_modules = get_module_size_with_ties(tied_outside, size, sizes, pending)
+        if limit is None or used[device] + size_with_ties <= limit:
+            say(f"Putting {name} (size={size}) on {device}.")
+            used[device] += size_with_ties
+            device_map[name] = device
+            for tied_name in tied_names:
+                pending = [(n, m) for n, m in pending if n != tied_name]
+                device_map[tied_name] = device
+            continue
+        if tied_outside and used[device] + size <= limit:
+            split_one = False
+            for tied_name, tied_module in zip(tied_names, tied_modules, strict=True):
+                if _is_leaf_layer(tied_module, no_split):
+                    continue
+                children = list(tied_module.named_parameters(recurse=False)) + list(tied_module.named_children())
+                index = next(i for i, (n, _) in enumerate(pending) if n == tied_name)
+                pending = (
+                    [(name, module)]
+                    + pending[:index]
+                    + [(f"{tied_name}.{n}", c) for n, c in children]
+                    + pending[index + 1 :]
+                )
+                max_layer, max_layer_names = get_max_layer_size(
+                    [(n, m) for n, m in pending if isinstance(m, nn.Module)], sizes, no_split
+                )
+                split_one = True
+                break
+            if split_one:
+                continue
+        if used[device] + size >= limit and not _is_leaf_layer(module, no_split):
+            say(f"Splitting {name}.")
+            children = list(module.named_parameters(recurse=False)) + list(module.named_children())
+            pending = [(f"{name}.{n}", c) for n, c in children] + pending
+            max_layer, max_layer_names = get_max_layer_size(
+                [(n, m) for n, m in pending if isinstance(m, nn.Module)], sizes, no_split
+            )
+            continue
+        if used[device] == 0 and fallback_allocation:
+            room = memory[device] - max(max_layer, size_with_ties)
+            fallback = _first_fitting_layer(pending, sizes, room, no_split)
+            if fallback is not None:
+                pending = [fallback, (name, module)] + [(n, m) for n, m in pending if n != fallback[0]]
+                continue
+        say(f"Not enough space on {device} for {name} (size {size}): next device.")
+        if used[device] == 0:
+            too_small[device] = size_with_ties + reserved
+        used[device] += reserved
+        current += 1
+        if current >= len(devices):
+            raise RuntimeError(f"infer_auto_device_map: {name} fits on no device of {devices}")
+        pending = [(name, module)] + pending
+    if clean_result:
+        device_map = clean_device_map(device_map)
+    if too_small:
+        import logging
+
+        needs = "\n".join(f"  - {device}: {need} bytes required" for device, need in too_small.items())
+        logging.getLogger(__name__).info(
+            "no module could be assigned to these devices because of insufficient memory (the first module "
+            f"considered, plus room for the largest layer where it applies):\n{needs}"
+        )
+    if not offload_buffers and gpus:
+        offloaded = [n for n, d in device_map.items() if d in ("cpu", "disk")]
+        buffer_size = sum(
+            compute_module_total_buffer_size(_get_submodule_or_none(model, n) or nn.Module(), dtype, special_dtypes)
+            for n in offloaded
+        )
+        if buffer_size and not any(memory[g] >= buffer_size + used.get(g, 0) for g in gpus):
+            warnings.warn(
+                f"the offloaded layers hold {buffer_size} bytes of buffers, which fit in no GPU's remaining memory; "
+                "pass offload_buffers=True if you run out of memory",
+                stacklevel=2,
+            )
+    return device_map
+
+
+def _get_submodule_or_none(model: nn.Module, name: str) -> nn.Module | None:
+    try:
+        found = model.get_submodule(name) if name else model
+    except AttributeError:
+        return None
+    return found if isinstance(found, nn.Module) else None
+
+
+def _first_fitting_layer(
+    pending: list[tuple[str, Any]], sizes: dict[str, int], room: int, no_split: list[str]
+) -> tuple[str, Any] | None:
+    queue = list(pending)
+    while queue:
+        name, module = queue.pop(0)
+        if sizes[name] <= room and _is_leaf_layer(module, no_split):
+            return name, module
+        if not _is_leaf_layer(module, no_split):
+            queue.extend((f"{name}.{n}", c) for n, c in module.named_children())
+    return None
+
+
+def check_device_map(model: nn.Module, device_map: dict[str, Any]) -> None:
+    """Raise if some tensor of `model`'s state dict is covered by no entry of `device_map`; warn about
+    entries that name no submodule."""
+    modules = dict(model.named_modules())
+    invalid = [key for key in device_map if key != "" and key not in modules]
+    if invalid:
+        warnings.warn(
+            f"The following device_map keys do not match any submodules in the model: {invalid}",
+            UserWarning,
+            stacklevel=2,
+        )
+    if "" in device_map:
+        return
+    keys = list(device_map)
+    missing = [n for n in model.state_dict() if not any(n == k or n.startswith(k + ".") for k in keys)]
+    if missing:
+        raise ValueError(
+            f"The device_map provided does not give any device for the following parameters: {', '.join(missing)}"
+        )
+
+
+def load_state_dict(
+    checkpoint_file: str | os.PathLike, device_map: dict[str, Any] | None = None
+) -> dict[str, torch.Tensor]:
+    """The tensors of one checkpoint file: safetensors (read onto the CPU) or a `torch.save` pickle (weights only)."""
+    path = os.fspath(checkpoint_file)
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        with open(path, "rb") as handle:
+            header_size = int.from_bytes(handle.read(8), "little")
+            import json
+
+            metadata = json.loads(handle.read(header_size)).get("__metadata__", {})
+        if metadata.get("format", "pt") not in ("pt", "np", "tf", "flax", "mlx"):
+            raise OSError(f"{path} has format {metadata.get('format')!r} in its metadata; accel reads PyTorch weights")
+        return load_file(path, device="cpu")
+    from accel.utils.loading import load
+
+    return load(path, map_location="cpu")
+
+
+def _checkpoint_files(checkpoint: str | os.PathLike) -> list[str]:
+    import json
+
+    path = os.fspath(checkpoint)
+    if os.path.isfile(path):
+        if path.endswith(".json"):
+            with open(path) as handle:
+                index = json.load(handle)
+            weight_map = index.get("weight_map", index)
+            folder = os.path.dirname(path)
+            return [os.path.join(folder, f) for f in sorted(set(weight_map.values()))]
+        return [path]
+    if not os.path.isdir(path):
+        raise ValueError(f"checkpoint {path!r} is neither a file nor a folder")
+    names = os.listdir(path)
+    indexes = [n for n in names if n.endswith(".index.json")]
+    if len(indexes) > 1:
+        raise ValueError(f"{path} holds several index files {sorted(indexes)}; pass the one to load")
+    if indexes:
+        return _checkpoint_files(os.path.join(path, indexes[0]))
+    weights = [n for n in names if n.endswith((".safetensors", ".bin", ".pt", ".pth"))]
+    if len(weights) != 1:
+        raise ValueError(
+            f"{path} should hold one weights file or an index (*.index.json); found {sorted(weights) or 'none'}"
+        )
+    return [os.path.join(path, weights[0])]
+
+
+def _device_of(name: str, device_map: dict[str, Any] | None) -> Any:
+    if device_map is None:
+        return None
+    best = None
+    for key in device_map:
+        covers = key == "" or name == key or name.startswith(key + ".")
+        if covers and (best is None or len(key) > len(best)):
+            best = key
+    if best is None:
+        raise ValueError(f"device_map gives no device for {name}")
+    return device_map[best]
+
+
+def load_checkpoint_in_model(
+    model: nn.Module,
+    checkpoint: str | os.PathLike,
+    device_map: dict[str, Any] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    keep_in_fp32_modules: list[str] | None = None,
+    offload_8bit_bnb: bool = False,
+    strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+) -> None:
+    """Load weights into `model` from a checkpoint.
+
+    `checkpoint` is one weights file (safetensors or pickled), an index
+    (`*.index.json`, as `save_model` writes past `max_shard_size`), or a folder holding one
+    of those (a `save_model` output).
+
+    Without `device_map`, each file goes through torch's `set_model_state_dict` (so a
+    model sharded by FSDP2 or tensor parallelism loads a full checkpoint: `full_state_dict`,
+    and `broadcast_from_rank0` where only rank 0 reads the files). With `device_map`
+    (which may leave the model on the meta device, `init_empty_weights`), each tensor goes
+    to the device its module is mapped to, cast to `dtype` when floating (modules named in
+    `keep_in_fp32_modules` stay fp32). Checkpoint keys the model lacks are logged, or with
+    `strict=True` an error, as are missing keys. Tied weights are tied again afterwards.
+    Offloading to disk is not supported: a device map naming "disk" is refused.
+    """
+    if offload_8bit_bnb:
+        raise ValueError("offload_8bit_bnb is for bitsandbytes 8-bit weights, which accel does not load")
+    if device_map is not None and "disk" in [str(v) for v in device_map.values()]:
+        raise ValueError(
+            "device_map puts modules on 'disk': accel does not offload weights to disk; give those modules 'cpu' "
+            "(cpu offload) or more max_memory"
+        )
+    import logging
+
+    tied = find_tied_parameters(model)
+    keep_fp32 = list(keep_in_fp32_modules or [])
+    model_keys = set(model.state_dict())
+    loaded: set[str] = set()
+    unexpected: set[str] = set()
+    files = _checkpoint_files(checkpoint)
+    # with broadcast_from_rank0, rank 0 reads the files (and reports on keys); the others receive
+    reads = not broadcast_from_rank0 or not dist.is_initialized() or dist.get_rank() == 0
+    for file in files:
+        state = load_state_dict(file) if reads else {}
+        unexpected |= set(state) - model_keys
+        if device_map is None:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            wanted: dict[str, Any] = {k: v for k, v in state.items() if k in model_keys}
+            if dtype is not None:
+                wanted = {k: v.to(_as_dtype(dtype)) if v.is_floating_point() else v for k, v in wanted.items()}
+            options = StateDictOptions(
+                full_state_dict=full_state_dict, strict=False, broadcast_from_rank0=broadcast_from_rank0
+            )
+            set_model_state_dict(model, wanted, options=options)
+            loaded |= set(wanted)
+        else:
+            for name, value in state.items():
+                if name not in model_keys:
+                    continue
+                value_dtype = None
+                if value.is_floating_point():
+                    if any(name == m or name.startswith(m + ".") or f".{m}." in f".{name}" for m in keep_fp32):
+                        value_dtype = torch.float32
+                    elif dtype is not None:
+                        value_dtype = _as_dtype(dtype)
+                set_module_tensor_to_device(model, name, _device_of(name, device_map), value=value, dtype=value_dtype)
+                loaded.add(name)
+        del state
+    if not reads:
+        retie_parameters(model, tied)
+        return
+    missing = sorted(model_keys - loaded - {n for g in tied for n in g if any(m in loaded for m in g)})
+    if strict and (missing or unexpected):
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {type(model).__name__}: missing keys {missing}, "
+            f"unexpected keys {sorted(unexpected)} (checkpoint {os.fspath(checkpoint)})"
+        )
+    log = logging.getLogger(__name__)
+    if unexpected:
+        log.warning(
+            f"Some weights of the model checkpoint at {os.fspath(checkpoint)} were not used when initializing "
+            f"{type(model).__name__}: {sorted(unexpected)}. Check that the checkpoint matches the model definition."
+        )
+    if missing:
+        log.warning(f"Some weights of {type(model).__name__} were not in {os.fspath(checkpoint)}: {missing}")
+    retie_parameters(model, tied)
+
+
+def has_offloaded_params(module: nn.Module) -> bool:
+    """Whether `module` has an `AlignDevicesHook` that offloads its weights (they live elsewhere between forwards)."""
+    from accel.hooks import AlignDevicesHook
+
+    hook = getattr(module, "_hf_hook", None)
+    if hook is None:
+        return False
+    hooks = getattr(hook, "hooks", (hook,))
+    return any(isinstance(h, AlignDevicesHook) and h.offload for h in hooks)
+
+
+@contextlib.contextmanager
+def align_module_device(module: nn.Module, execution_device: torch.device | str | None = None) -> Iterator[None]:
+    """Within the block, the tensors of `module` are on `execution_device` (offloaded ones loaded from their hook)."""
+    if has_offloaded_params(module):
+        hook: Any = module._hf_hook
+        hooks = getattr(hook, "hooks", (hook,))
+        offload_hook = next(h for h in hooks if getattr(h, "offload", False))
+        saved = offload_hook.execution_device
+        if execution_device is not None:
+            offload_hook.execution_device = execution_device
+        try:
+            offload_hook.pre_forward(module)
+            yield
+        finally:
+            offload_hook.post_forward(module, None)
+            offload_hook.execution_device = saved
+        return
+    if execution_device is None:
+        yield
+        return
+    originals = {name: t.device for name, t in named_module_tensors(module)}
+    try:
+        for name in originals:
+            set_module_tensor_to_device(module, name, execution_device)
+        yield
+    finally:
+        for name, device in originals.items():
+            set_module_tensor_to_device(module, name, device)
+
+
+def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of a model whose weights may be offloaded by hooks, every tensor on the CPU."""
+    state: dict[str, torch.Tensor] = {}
+    for name, submodule in model.named_modules():
+        if not list(named_module_tensors(submodule)):
+            continue
+        prefix = f"{name}." if name else ""
+        with align_module_device(submodule, "cpu"):
+            for key, value in named_module_tensors(submodule, remove_non_persistent=True):
+                state[prefix + key] = value.detach().cpu()
+    return state

@@ -111,9 +111,11 @@ def recursively_apply(
             },
         )
     if error_on_other_type:
+        # Accelerate's words, which its users' tests compare
         raise TypeError(
-            f"Unsupported type {type(data).__name__} passed to {getattr(func, '__name__', func)}: only nested "
-            "lists, tuples, dicts and namedtuples of tensors are supported"
+            f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. Only nested "
+            f"list/tuple/dicts of objects that are valid for `{getattr(test_type, '__name__', test_type)}` "
+            "should be passed."
         )
     return data
 
@@ -280,16 +282,12 @@ def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., 
     """Wrap a forward function so that its half-precision outputs are returned in float32.
 
     Used after autocast, so that losses and metrics computed from the outputs are not in
-    half precision. The wrapper's `__wrapped__` is the converter, whose `model_forward`
-    is the original forward (what `extract_model_from_parallel` restores).
+    half precision. The result is a `ConvertOutputsToFp32` (a class, not a local function),
+    whose `__wrapped__` and `model_forward` are `model_forward`: unwrapping
+    (`extract_model_from_parallel(..., keep_fp32_wrapper=False)`) follows `__wrapped__`
+    back to the original forward.
     """
-    converter = ConvertOutputsToFp32(model_forward)
-
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        return converter(*args, **kwargs)
-
-    forward.__wrapped__ = converter  # type: ignore[attr-defined]  # functions accept attributes; mypy does not know
-    return forward
+    return ConvertOutputsToFp32(model_forward)
 
 
 def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
@@ -344,6 +342,19 @@ def _check_shapes(state: Any, data: Any, operation: str, same_dim0: bool = True)
         )
 
 
+def _check_ranks(state: Any, data: Any) -> None:
+    """In debug mode, raise if the tensors of `data` differ in number or in number of dimensions across
+    processes (`pad_across_processes` pads sizes, not dimensions)."""
+    ranks = [t.dim() for t in _leaves(data, [])]
+    everyone = state.hardware.all_gather_object(ranks)
+    if any(r != everyone[0] for r in everyone):
+        listing = "\n".join(f"  rank {i}: {r}" for i, r in enumerate(everyone))
+        raise DistributedOperationException(
+            "Cannot apply pad_across_processes: the tensors must have the same number of dimensions on every "
+            f"process (only their sizes may differ), but their numbers of dimensions are\n{listing}"
+        )
+
+
 def _packed(tensors: list[torch.Tensor]) -> dict[torch.dtype, list[int]]:
     """Indices of `tensors`, grouped by dtype in first-seen order."""
     groups: dict[torch.dtype, list[int]] = {}
@@ -354,8 +365,8 @@ def _packed(tensors: list[torch.Tensor]) -> dict[torch.dtype, list[int]]:
 
 def _flat(tensors: list[torch.Tensor], idx: list[int]) -> torch.Tensor:
     if len(idx) == 1:
-        return tensors[idx[0]].reshape(-1)
-    return torch.cat([tensors[i].reshape(-1) for i in idx])
+        return tensors[idx[0]].detach().reshape(-1)
+    return torch.cat([tensors[i].detach().reshape(-1) for i in idx])
 
 
 def gather(tensor: Any) -> Any:
@@ -395,7 +406,9 @@ def gather(tensor: Any) -> Any:
 def _gather_one(hardware: Any, world: int, t: torch.Tensor) -> torch.Tensor:
     if t.dim() == 0:
         t = t.reshape(1)
-    t = t.contiguous()
+    # Collectives are not differentiable: a tensor that requires grad (a parameter) is sent as data,
+    # which Gloo's gather into views of the output needs ("view created in no_grad mode" otherwise).
+    t = t.detach().contiguous()
     out = t.new_empty((world * t.shape[0], *t.shape[1:]))
     return hardware.all_gather_into(out, t)
 
@@ -455,6 +468,33 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """A tensor that exists on one process only (None on the others) given to every process, on its device.
+
+    Unlike `broadcast`, the receivers need not know its shape or dtype. Exactly one
+    process must pass a tensor.
+    """
+    state = _state()
+    if state.num_processes == 1:
+        if tensor is None:
+            raise ValueError("copy_tensor_to_devices: the only process passed None; pass the tensor to copy")
+        return tensor.to(state.device)
+    described = None if tensor is None else (tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""))
+    everyone = state.hardware.all_gather_object(described)
+    holders = [rank for rank, info in enumerate(everyone) if info is not None]
+    if len(holders) != 1:
+        raise ValueError(
+            f"copy_tensor_to_devices needs the tensor on exactly one process and None on the others; processes "
+            f"{holders or 'none'} passed a tensor"
+        )
+    shape, dtype_name = everyone[holders[0]]
+    if tensor is None:
+        tensor = torch.empty(shape, dtype=getattr(torch, dtype_name), device=state.device)
+    else:
+        tensor = tensor.to(state.device).contiguous()
+    return state.hardware.broadcast(tensor, src=holders[0])
+
+
 _REDUCTIONS = ("mean", "sum", "max", "min", "none")
 
 
@@ -496,9 +536,6 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     (`pad_index`) goes at the end, or at the start with `pad_first`. Tensors with fewer
     than `dim + 1` dimensions are returned as they are.
     """
-    state = _state()
-    if state.num_processes == 1:
-        return tensor
     tensors = _leaves(tensor, [])
     if not tensors:
         return tensor
@@ -510,19 +547,29 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
             CannotPadNestedTensorWarning,
             stacklevel=2,
         )
+    state = _state()
+    if state.num_processes == 1:
+        return tensor
+    if state.debug:
+        _check_ranks(state, tensor)
+    # per tensor: the padded dimension counted from 0, or None (nested, or `dim` out of its range: left as is)
+    dims = [None if n or not -t.dim() <= dim < t.dim() else dim % t.dim() for t, n in zip(tensors, nested, strict=True)]
     sizes = torch.tensor(
-        [-1 if n or t.dim() <= dim else t.shape[dim] for t, n in zip(tensors, nested, strict=True)],
+        [-1 if d is None else t.shape[d] for t, d in zip(tensors, dims, strict=True)],
         dtype=torch.int64,
         device=state.device,
     )
     everyone = state.hardware.all_gather_into(sizes.new_empty(state.num_processes * len(tensors)), sizes)
     largest = everyone.view(state.num_processes, -1).max(dim=0).values.tolist()
-    padded = [_pad(t, dim, size, pad_index, pad_first) for t, size in zip(tensors, largest, strict=True)]
+    padded = [
+        t if d is None else _pad(t, d, size, pad_index, pad_first)
+        for t, d, size in zip(tensors, dims, largest, strict=True)
+    ]
     return _replace_leaves(tensor, padded)
 
 
 def _pad(t: torch.Tensor, dim: int, size: int, pad_index: int, pad_first: bool) -> torch.Tensor:
-    if getattr(t, "is_nested", False) or t.dim() <= dim or t.shape[dim] == size:
+    if t.dim() <= dim or t.shape[dim] == size:
         return t
     shape = list(t.shape)
     shape[dim] = size

@@ -53,3 +53,22 @@ def is_port_in_use(port: int | None = None) -> bool:
     """Whether something listens on `port` (default 29500, torch.distributed's) of localhost."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         return s.connect_ex(("localhost", 29500 if port is None else port)) == 0
+
+
+# Accelerate keeps these in accelerate.utils.other too; users import them from there.
+from accel.utils.modeling import extract_model_from_parallel, id_tensor_storage, is_compiled_module  # noqa: E402
+from accel.utils.saving import clean_state_dict_for_safetensors, save  # noqa: E402
+
+__all__ = [
+    "wait_for_everyone",
+    "merge_dicts",
+    "recursive_getattr",
+    "get_pretty_name",
+    "convert_bytes",
+    "is_port_in_use",
+    "extract_model_from_parallel",
+    "id_tensor_storage",
+    "is_compiled_module",
+    "clean_state_dict_for_safetensors",
+    "save",
+]

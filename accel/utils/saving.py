@@ -62,17 +62,24 @@ def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, An
 
     Loading the file restores a tied weight through its first name; the dropped names are logged.
     """
-    kept = _without_shared_tensors(state_dict)
-    dropped = [name for name in state_dict if name not in kept]
+    kept = _without_shared_tensors_logged(state_dict)
     state_dict.clear()
     state_dict.update(kept)
+    return state_dict
+
+
+def _without_shared_tensors_logged(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """`_without_shared_tensors`, with a warning naming the tensors left out (as Accelerate warns)."""
+    kept = _without_shared_tensors(state_dict)
+    dropped = [name for name in state_dict if name not in kept]
     if dropped:
         import logging
 
         logging.getLogger(__name__).warning(
-            f"Removed shared tensors {dropped} while saving: they share memory with tensors saved under another name"
+            f"Removed shared tensor {dropped} while saving: they share memory with tensors saved under another "
+            "name, and loading the file restores them through that name"
         )
-    return state_dict
+    return kept
 
 
 def _safetensors_writer(obj: Any, handle: Any) -> None:
@@ -103,7 +110,7 @@ def save(obj: Any, f: Any, save_on_each_node: bool = False, safe_serialization: 
     if not writes:
         return
     if safe_serialization and isinstance(obj, dict):
-        obj = _without_shared_tensors(obj)  # before the copies to the CPU, which no longer share memory
+        obj = _without_shared_tensors_logged(obj)  # before the copies to the CPU, which no longer share memory
     on_cpu = recursively_apply(lambda t: t.detach().cpu(), obj)
     atomic_save(on_cpu, f, _safetensors_writer if safe_serialization else torch.save)
 

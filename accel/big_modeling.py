@@ -1,0 +1,304 @@
+"""Models larger than one device: create them without memory, load them where they fit, run them there.
+
+- `init_empty_weights()` / `init_on_device(device)`: build a model with its parameters on the
+  meta device (no memory) or directly on a device.
+- `infer_auto_device_map` (in `accel.utils.modeling`) plans where each block goes within
+  `max_memory`; `load_checkpoint_in_model` loads the weights there.
+- `dispatch_model(model, device_map)` runs each block on its device (hooks move the
+  activations), blocks mapped to "cpu" are offloaded: kept on the CPU and brought to the
+  main device for their forward; `load_checkpoint_and_dispatch` does all of it.
+- `cpu_offload` / `cpu_offload_with_hook`: a whole model kept on the CPU between forwards.
+
+Offloading to disk is not supported (refused with the reason where it is asked for).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from accel.hooks import (
+    AlignDevicesHook,
+    CpuOffload,
+    UserCpuOffloadHook,
+    add_hook_to_module,
+    attach_align_device_hook,
+    attach_align_device_hook_on_blocks,
+)
+from accel.utils.environment import parse_flag_from_env
+from accel.utils.modeling import (
+    check_device_map,
+    find_tied_parameters,
+    get_balanced_memory,
+    infer_auto_device_map,
+    load_checkpoint_in_model,
+    retie_parameters,
+)
+
+_TENSOR_FACTORIES = ("empty", "zeros", "ones", "full")
+
+
+@contextlib.contextmanager
+def init_empty_weights(include_buffers: bool | None = None) -> Iterator[None]:
+    """Build models inside the block with their parameters on the meta device: no memory is used.
+
+    Buffers stay on the CPU unless `include_buffers` (default: `ACCELERATE_INIT_INCLUDE_BUFFERS`).
+    Materialise the weights afterwards with `load_checkpoint_and_dispatch`, or
+    `model.to_empty(device=...)` and an initialisation.
+    """
+    if include_buffers is None:
+        include_buffers = parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS", False)
+    with init_on_device(torch.device("meta"), include_buffers=include_buffers):
+        yield
+
+
+@contextlib.contextmanager
+def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
+    """Build models inside the block with their parameters (and buffers with `include_buffers`) on `device`.
+
+    Parameters are created where torch creates them and moved to `device` as they are
+    registered, keeping their class and `requires_grad`. With `include_buffers`, the
+    tensor factories (`torch.empty`, `zeros`, `ones`, `full`) also default to `device`.
+    """
+    if include_buffers is None:
+        include_buffers = parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS", False)
+    device = torch.device(device)
+    if include_buffers:
+        with device:  # torch's device context: factories, parameters and buffers all land on `device`
+            yield
+        return
+    original_register = nn.Module.register_parameter
+
+    def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original_register(module, name, param)
+        if param is not None:
+            moved = module._parameters[name]
+            assert moved is not None
+            kwargs = dict(moved.__dict__)
+            kwargs["requires_grad"] = moved.requires_grad
+            module._parameters[name] = type(moved)(moved.to(device), **kwargs)
+
+    nn.Module.register_parameter = register_parameter  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original_register  # type: ignore[method-assign]
+
+
+def cpu_offload(
+    model: nn.Module,
+    execution_device: torch.device | str | int | None = None,
+    offload_buffers: bool = False,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    preload_module_classes: list[str] | None = None,
+) -> nn.Module:
+    """Keep `model`'s weights on the CPU and bring each submodule's to `execution_device` only for its forward.
+
+    The weights live in `state_dict` (default: the model's own, copied to the CPU); the
+    model's parameters sit on the meta device in between. Outputs come back on the device
+    of the inputs. `execution_device` defaults to this process's device.
+    """
+    if execution_device is None:
+        from accel.state import PartialState
+
+        execution_device = PartialState().default_device
+    if state_dict is None:
+        state_dict = {name: tensor.to("cpu") for name, tensor in model.state_dict().items()}
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(
+        model,
+        execution_device=execution_device,
+        offload=True,
+        offload_buffers=offload_buffers,
+        weights_map=state_dict,
+        preload_module_classes=preload_module_classes,
+    )
+    return model
+
+
+def cpu_offload_with_hook(
+    model: nn.Module,
+    execution_device: int | str | torch.device | None = None,
+    prev_module_hook: UserCpuOffloadHook | None = None,
+) -> tuple[nn.Module, UserCpuOffloadHook]:
+    """Keep `model` whole on the CPU and move it to `execution_device` when it runs; it stays there until
+    `hook.offload()` (or the next model's forward, when that one was given this hook as `prev_module_hook`).
+
+    Returns `(model, hook)`. Better than `cpu_offload` for models called in a loop (pipelines).
+    """
+    hook = CpuOffload(execution_device=execution_device, prev_module_hook=prev_module_hook)
+    add_hook_to_module(model, hook, append=True)
+    return model, UserCpuOffloadHook(model, hook)
+
+
+def disk_offload(
+    model: nn.Module,
+    offload_dir: str | os.PathLike,
+    execution_device: torch.device | str | None = None,
+    offload_buffers: bool = False,
+    preload_module_classes: list[str] | None = None,
+) -> nn.Module:
+    """Refused: accel does not offload weights to disk. Use `cpu_offload`, or give more `max_memory`."""
+    raise NotImplementedError(
+        "disk_offload: accel does not offload weights to disk (memory-mapped weight files are not implemented); "
+        "use cpu_offload(model) to keep the weights in host memory"
+    )
+
+
+def _main_device(device_map: Mapping[str, Any]) -> Any:
+    devices = list(device_map.values())
+    if set(map(str, devices)) <= {"cpu", "disk"}:
+        return "cpu"
+    return next(d for d in devices if str(d) not in ("cpu", "disk"))
+
+
+def dispatch_model(
+    model: nn.Module,
+    device_map: dict[str, Any],
+    main_device: torch.device | str | int | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    offload_dir: str | os.PathLike | None = None,
+    offload_index: dict[str, Any] | None = None,
+    offload_buffers: bool = False,
+    skip_keys: str | list[str] | None = None,
+    preload_module_classes: list[str] | None = None,
+    force_hooks: bool = False,
+) -> nn.Module:
+    """Run each block of `model` on the device `device_map` gives it.
+
+    Hooks move the activations from block to block, and the outputs back to the inputs'
+    device. Blocks mapped to "cpu" are offloaded: their weights stay in host memory and
+    run on `main_device` (default: the first GPU of the map). A map with a single device
+    and no `force_hooks` simply moves the model there. The map is kept as
+    `model.hf_device_map`. "disk" in the map is refused (accel does not offload to disk).
+    """
+    check_device_map(model, device_map)
+    if offload_dir is not None or offload_index is not None or "disk" in [str(v) for v in device_map.values()]:
+        raise ValueError(
+            "dispatch_model: device_map puts modules on 'disk' (or offload_dir was given), and accel does not offload "
+            "weights to disk; map those modules to 'cpu' instead"
+        )
+    devices = set(map(str, device_map.values()))
+    if len(devices) == 1 and "cpu" not in devices and not force_hooks:
+        device = next(iter(device_map.values()))
+        model.to(device)
+        setattr(model, "hf_device_map", dict(device_map))  # noqa: B010
+        return model
+    if main_device is None:
+        main_device = _main_device(device_map)
+    cpu_modules = [name for name, device in device_map.items() if str(device) == "cpu"]
+    if state_dict is None and cpu_modules:
+        state_dict = {}
+        full = model.state_dict()
+        for key, value in full.items():
+            if any(key == m or key.startswith(m + ".") or m == "" for m in cpu_modules):
+                state_dict[key] = value.to("cpu")
+    execution = {name: main_device if str(device) == "cpu" else device for name, device in device_map.items()}
+    offload = {name: str(device) == "cpu" for name, device in device_map.items()}
+    tied = find_tied_parameters(model)
+    tied_params_map: dict[int, dict[torch.device, torch.Tensor]] = {}
+    for group in tied:
+        for name in group:
+            param = model.get_parameter(name)
+            if param.device.type != "meta":
+                tied_params_map[param.data_ptr()] = {}
+    attach_align_device_hook_on_blocks(
+        model,
+        execution_device=execution,
+        offload=offload,
+        offload_buffers=offload_buffers,
+        weights_map=state_dict,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        tied_params_map=tied_params_map,
+    )
+    retie_parameters(model, tied)
+    setattr(model, "hf_device_map", dict(device_map))  # noqa: B010
+    return model
+
+
+def load_checkpoint_and_dispatch(
+    model: nn.Module,
+    checkpoint: str | os.PathLike,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    offload_buffers: bool = False,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool | None = None,
+    skip_keys: str | list[str] | None = None,
+    preload_module_classes: list[str] | None = None,
+    force_hooks: bool = False,
+    strict: bool = False,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+) -> nn.Module:
+    """Load `checkpoint` into `model` (typically built under `init_empty_weights`) and dispatch it.
+
+    `device_map` is a dict, or "auto" / "balanced" (spread evenly over the GPUs),
+    "balanced_low_0" (GPU 0 as empty as possible), "sequential" (fill GPUs in order),
+    planned within `max_memory` by `infer_auto_device_map`. Without a device map, the
+    weights are loaded where the model's tensors are (the CPU for meta ones) and nothing
+    is dispatched.
+    """
+    if isinstance(device_map, str):
+        choices = ("auto", "balanced", "balanced_low_0", "sequential")
+        if device_map not in choices:
+            raise ValueError(f"device_map={device_map!r}: give a dict or one of {choices}")
+        planned: dict[int | str, int | str] | None = max_memory
+        if device_map != "sequential":
+            balanced = get_balanced_memory(
+                model,
+                max_memory=max_memory,
+                no_split_module_classes=no_split_module_classes,
+                dtype=dtype,
+                low_zero=(device_map == "balanced_low_0"),
+            )
+            planned = dict(balanced)
+        device_map = infer_auto_device_map(
+            model,
+            max_memory=planned,
+            no_split_module_classes=no_split_module_classes,
+            dtype=dtype,
+            offload_buffers=offload_buffers,
+        )
+    load_checkpoint_in_model(
+        model,
+        checkpoint,
+        device_map=device_map,
+        offload_folder=offload_folder,
+        dtype=dtype,
+        offload_state_dict=bool(offload_state_dict),
+        offload_buffers=offload_buffers,
+        strict=strict,
+        full_state_dict=full_state_dict,
+        broadcast_from_rank0=broadcast_from_rank0,
+    )
+    if device_map is None:
+        return model
+    return dispatch_model(
+        model,
+        device_map=device_map,
+        offload_dir=offload_folder,
+        offload_buffers=offload_buffers,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        force_hooks=force_hooks,
+    )
+
+
+__all__ = [
+    "init_empty_weights",
+    "init_on_device",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "load_checkpoint_and_dispatch",
+]
