@@ -1,6 +1,6 @@
 """What "each test starts clean" means inside a warm rank, and how it is restored.
 
-A warm rank runs many tests one after the other. Before each one it puts back what a
+A warm rank runs many tests one after the other. Between two tests it puts back what a
 test may have changed and the next must not see: environment variables (to the
 snapshot taken when the pool started), `sys.argv`, the standard streams, logging
 levels, `accel`'s shared state, the simulated device's own state, RNG seeds, the
@@ -8,6 +8,12 @@ working directory and import path (the parent's, at the time of the launch), war
 filters, torch's process-wide defaults, and process groups created by earlier tests.
 The default process group is kept: recreating it is the expensive part of a start,
 and `reset_state()` leaves it alone by design.
+
+Most of it (`reset`) is done as soon as the rank has answered a task, while the
+parent reports it, so that the next task does not wait for it; what needs the next
+task (its working directory and import path) or every rank done with the last one
+(destroying the groups it created, which peers may still be using until then) is done
+when the next task begins (`enter`). A reset that failed fails the next task.
 """
 
 from __future__ import annotations
@@ -42,8 +48,38 @@ class CleanSlate:
         self.groups = set(_process_groups())
         self.logging = _LoggingSnapshot()
 
+        #: what went wrong in the last `reset`, raised by the next `enter`
+        self._reset_error: BaseException | None = None
+
     def restore(self, cwd: str | None = None, sys_path: list[str] | None = None) -> None:
-        """Put the rank back in its start-up state (see the module docstring)."""
+        """Put the rank back in its start-up state (see the module docstring), all at once."""
+        self.reset()
+        self.enter(cwd, sys_path)
+
+    def enter(self, cwd: str | None = None, sys_path: list[str] | None = None) -> None:
+        """Before a task: raise what the last reset met, take the task's paths, drop earlier tests' groups."""
+        error, self._reset_error = self._reset_error, None
+        if error is not None:
+            raise RuntimeError(
+                "this rank could not be put back in its start-up state after the previous test"
+            ) from error
+        if sys_path is not None and sys.path != sys_path:
+            sys.path[:] = sys_path
+        if cwd is not None and os.getcwd() != cwd:
+            os.chdir(cwd)
+        self._destroy_new_groups()
+
+    def reset(self, *also: Callable[[], None]) -> None:
+        """After a task (it has answered): put back everything else, then call `also`; an error is
+        kept for `enter`."""
+        try:
+            self._reset()
+            for call in also:
+                call()
+        except BaseException as error:  # raised by the next task's `enter`, which reports it
+            self._reset_error = error
+
+    def _reset(self) -> None:
         if dict(os.environ) != self.environ:
             os.environ.clear()
             os.environ.update(self.environ)
@@ -51,16 +87,11 @@ class CleanSlate:
             sys.argv[:] = self.argv
         if (sys.stdin, sys.stdout, sys.stderr) != self.streams:
             sys.stdin, sys.stdout, sys.stderr = self.streams
-        if sys_path is not None and sys.path != sys_path:
-            sys.path[:] = sys_path
-        if cwd is not None and os.getcwd() != cwd:
-            os.chdir(cwd)
         warnings.filters[:] = self.warning_filters  # type: ignore[index]  # a list at runtime; typeshed says Sequence
         # Bumps the filters' version so per-module "already warned" caches are dropped.
         getattr(warnings, "_filters_mutated", lambda: None)()
         self.logging.restore()
         self._restore_torch()
-        self._destroy_new_groups()
         from accel.state import reset_state
 
         reset_state()

@@ -105,6 +105,8 @@ class _Watch:
         self.board: mmap.mmap | None = None
         self.store: Any = None
         self.prefix_store: Any = None
+        #: (prefix store, sequences) of ended tasks whose signatures are still in the store
+        self._finished: list[tuple[Any, dict[str, int]]] = []
 
     @property
     def depth(self) -> int:
@@ -118,7 +120,10 @@ class _Watch:
     # -- per task ---------------------------------------------------------------------
 
     def begin(self, task: int, check: bool) -> None:
-        self._forget_previous_task()
+        if self.prefix_store is not None:
+            self._finished.append((self.prefix_store, dict(self.sequences)))
+        self.sequences.clear()
+        self.prefix_store = None
         self.task, self.check, self.count, self.calls, self.depth = task, check, 0, 0, 0
         self._idle()
 
@@ -126,15 +131,18 @@ class _Watch:
         self.check = False
         self._idle()
 
-    def _forget_previous_task(self) -> None:
-        # The last two signatures of each group are still in the store. Every rank ended
-        # the previous task before this one began, so no peer reads them any more.
-        if self.prefix_store is not None:
-            for group_name, seq in self.sequences.items():
+    def forget_finished(self) -> None:
+        """Delete this rank's signatures of the tasks before the one that just ended.
+
+        The last two signatures of each group of a task stay in the store when it ends;
+        once the next task has begun, every rank has ended that one, so no peer reads
+        them any more. Called once this rank has answered its task, off the next one's path.
+        """
+        finished, self._finished = self._finished, []
+        for prefix_store, sequences in finished:
+            for group_name, seq in sequences.items():
                 for old in range(max(1, seq - 1), seq + 1):
-                    self.prefix_store.delete_key(f"{group_name}/{old}/{self.rank}")
-        self.sequences.clear()
-        self.prefix_store = None
+                    prefix_store.delete_key(f"{group_name}/{old}/{self.rank}")
 
     # -- per call ---------------------------------------------------------------------
 
@@ -277,6 +285,11 @@ def begin_task(task: int, check: bool) -> None:
 def end_task() -> None:
     """The task is over (whatever its outcome)."""
     _watch.end()
+
+
+def forget_finished_tasks() -> None:
+    """Drop the check's keys of the tasks every rank has ended (after answering a task)."""
+    _watch.forget_finished()
 
 
 def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:

@@ -13,8 +13,9 @@ bases of torch and DeepSpeed do: code under test may call `dist.get_world_size()
 Collectives are watched (`accel.sim.collectives`): checked across ranks, counted for
 injected faults (`accel.sim.faults`), shown on a board the parent reads.
 
-Then, per task: restore the clean slate (`accel.sim.cleanslate`), run the function,
-report its value or what went wrong, and whether the process group is still there.
+Then, per task: run the function, report its value or what went wrong, and whether
+the process group is still there; then restore the clean slate (`accel.sim.cleanslate`)
+while the parent reports, before the next task comes.
 The messages exchanged with the parent are the types of `accel.sim.messages`.
 
 The fork server has already imported torch and accel (`accel.sim.entry.PRELOAD`).
@@ -103,6 +104,9 @@ def serve(config: dict[str, Any], conn: Any, coverage: Any = None) -> None:
         conn.send_bytes(pickle.dumps(done, protocol=pickle.HIGHEST_PROTOCOL))
         if done.status == Status.EXIT:
             _exit(done.exit_code or 0)
+        # Off the next task's path, while the parent reports this one: the clean slate, and
+        # the collective check's keys of the task before (every rank is done with those).
+        slate.reset(collectives.forget_finished_tasks)
 
 
 def _group_exists() -> bool:
@@ -221,7 +225,7 @@ def _prepare_device(device: str, real_device: bool) -> Callable[[], None]:
 
 def _run_task(slate: CleanSlate, task: RunTask) -> TaskDone:
     try:
-        slate.restore(task.cwd, task.sys_path)
+        slate.enter(task.cwd, task.sys_path)
         fn, args, kwargs = serialize.loads(task.payload)
         value = fn(*args, **kwargs)
     except SystemExit as exit_:
