@@ -234,6 +234,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """
         if not self.gradient_state.sync_gradients:
             return None
+        if self.scaler is None and self._join_notify is None:
+            # The usual step, taken on every batch: nothing to notify or scale. The flags are
+            # reset before stepping, to the values the general path leaves.
+            averaged = self._gradients_averaged
+            self._is_overflow = self._unscaled = self._gradients_averaged = self._join_notified = False
+            if averaged:
+                return self.optimizer.step() if closure is None else self.optimizer.step(closure=closure)
+            if closure is None:
+                return self._hardware.optimizer_step(self.optimizer)
+            return self._hardware.optimizer_step(self.optimizer, closure=closure)
         self._notify_join()
         try:
             if self.scaler is None:
