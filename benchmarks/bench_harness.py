@@ -1,15 +1,21 @@
 """Benchmark of the pytest harness: wall time per trivial 4-rank test, warm and cold.
 
-Writes a suite of trivial `@distributed_test(world_size=4)` tests (one all_reduce
-each) and runs it with pytest in a fresh process, several rounds. Warm tests reuse the
-pool's ranks; for scale, each warm test is interleaved with the same test declared
-`isolated=True`, which forks fresh ranks from the preloaded fork server (a
-fork-per-launch runner) — so both are measured side by side under the same load. The
-first test of each session is the cold start: fork server, torch import, first pool.
+Writes suites of trivial `@distributed_test(world_size=4)` tests (one all_reduce each,
+in a module that imports torch at the top, as test files do) and runs each with pytest
+in a fresh process, the sessions alternating round after round so that they are
+measured side by side under the same load:
 
-Also times `accel.sim.launch` alone (no pytest) on a warm pool.
+- warm: the tests reuse the pool's ranks, with the collective check on (the default);
+- warm, check off: the same with ``ACCEL_SIM_CHECK_COLLECTIVES=0``: the difference is
+  what the check's own exchange costs;
+- isolated: each test declared `isolated=True`, which forks fresh ranks (a
+  fork-per-launch runner), for scale. (In a session of their own: the killed ranks of
+  one would otherwise slow the warm test after it.)
 
-    python benchmarks/bench_harness.py [--tests 30] [--rounds 3]
+The first test of a warm session is its cold start (rank server or fork server, first
+pool). Also times `accel.sim.launch` alone (no pytest) on a warm pool, check on and off.
+
+    python benchmarks/bench_harness.py [--tests 60] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -24,13 +30,13 @@ import tempfile
 import time
 
 SUITE = """
+import torch
+import torch.distributed as dist
+
 from harness import distributed_test
 
 
 def _one_all_reduce(world_size):
-    import torch
-    import torch.distributed as dist
-
     value = torch.ones(1)
     dist.all_reduce(value)
     assert value.item() == world_size
@@ -67,23 +73,22 @@ def pytest_sessionfinish(session):
 """
 
 
-def write_suite(directory: str, count: int) -> str:
+def write_suite(directory: str, count: int, isolated: bool) -> None:
     tests = []
-    tests.append(TEST.format(name="first", index=0, isolated=""))
+    if not isolated:
+        tests.append(TEST.format(name="first", index=0, isolated=""))
+    name, flag = ("isolated", ", isolated=True") if isolated else ("warm", "")
     for index in range(count):
-        tests.append(TEST.format(name="warm", index=index, isolated=""))
-        tests.append(TEST.format(name="isolated", index=index, isolated=", isolated=True"))
-    path = os.path.join(directory, "test_bench_suite.py")
-    with open(path, "w") as handle:
+        tests.append(TEST.format(name=name, index=index, isolated=flag))
+    with open(os.path.join(directory, "test_bench_suite.py"), "w") as handle:
         handle.write(SUITE.format(tests="".join(tests)))
     with open(os.path.join(directory, "conftest.py"), "w") as handle:
         handle.write(TIMING_PLUGIN)
-    return path
 
 
-def run_session(directory: str) -> tuple[float, list[tuple[str, float]]]:
+def run_session(directory: str, env: dict[str, str]) -> tuple[float, list[tuple[str, float]]]:
     times_file = os.path.join(directory, "times.json")
-    env = {**os.environ, "BENCH_TIMES": times_file}
+    env = {**env, "BENCH_TIMES": times_file}
     command = [
         sys.executable,
         "-m",
@@ -105,15 +110,15 @@ def run_session(directory: str) -> tuple[float, list[tuple[str, float]]]:
         return wall, [tuple(entry) for entry in json.load(handle)]
 
 
-def launch_latency(count: int) -> float:
+def launch_latency(count: int, check: bool) -> float:
     """Median seconds of a warm `accel.sim.launch` of one all_reduce on 4 ranks (no pytest)."""
     from accel.sim import launch
 
-    launch(_all_reduce, world_size=4)
+    launch(_all_reduce, world_size=4, check_collectives=check)
     samples = []
     for _ in range(count):
         start = time.perf_counter()
-        launch(_all_reduce, world_size=4)
+        launch(_all_reduce, world_size=4, check_collectives=check)
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
@@ -129,38 +134,45 @@ def _all_reduce() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tests", type=int, default=30, help="warm (and as many isolated) tests per session")
-    parser.add_argument("--rounds", type=int, default=3, help="pytest sessions to run")
+    parser.add_argument("--tests", type=int, default=60, help="tests per session")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of the three sessions")
     args = parser.parse_args()
 
-    cold, session_walls, warm_medians, isolated_medians, ratios = [], [], [], [], []
-    for round_index in range(args.rounds):
-        with tempfile.TemporaryDirectory(prefix="accel-bench-harness-") as directory:
-            write_suite(directory, args.tests)
-            wall, times = run_session(directory)
-        first = [t for name, t in times if name.startswith("test_first")]
-        warm = [t for name, t in times if name.startswith("test_warm")]
-        isolated = [t for name, t in times if name.startswith("test_isolated")]
-        cold.append(first[0])
-        session_walls.append(wall)
-        warm_medians.append(statistics.median(warm))
-        isolated_medians.append(statistics.median(isolated))
-        ratios.append(statistics.median(i / w for w, i in zip(warm, isolated, strict=True)))
-        print(
-            f"round {round_index + 1}: first test {first[0]:.2f} s, warm {warm_medians[-1] * 1e3:.1f} ms/test, "
-            f"isolated {isolated_medians[-1] * 1e3:.1f} ms/test, session {wall:.1f} s"
-        )
+    unchecked = {**os.environ, "ACCEL_SIM_CHECK_COLLECTIVES": "0"}
+    kinds = {"warm": (False, dict(os.environ)), "unchecked": (False, unchecked), "isolated": (True, dict(os.environ))}
+    medians: dict[str, list[float]] = {kind: [] for kind in kinds}
+    cold, walls = [], []
+    with tempfile.TemporaryDirectory(prefix="accel-bench-harness-") as root:
+        folders = {}
+        for kind, (isolated, _) in kinds.items():
+            folders[kind] = os.path.join(root, kind)
+            os.mkdir(folders[kind])
+            write_suite(folders[kind], args.tests, isolated)
+        for round_index in range(args.rounds):
+            line = []
+            for kind, (_, env) in kinds.items():
+                wall, times = run_session(folders[kind], env)
+                per_test = [t for name, t in times if not name.startswith("test_first")]
+                medians[kind].append(statistics.median(per_test))
+                line.append(f"{kind} {medians[kind][-1] * 1e3:.1f} ms/test")
+                if kind == "warm":
+                    cold.append(next(t for name, t in times if name.startswith("test_first")))
+                    walls.append(wall)
+            print(f"round {round_index + 1}: first test {cold[-1]:.2f} s, " + ", ".join(line))
 
-    launch_ms = launch_latency(50) * 1e3
+    launch_on, launch_off = launch_latency(100, True) * 1e3, launch_latency(100, False) * 1e3
+    warm, unchecked_ms, isolated_ms = (statistics.median(medians[kind]) * 1e3 for kind in kinds)
     print()
     print(f"trivial 4-rank test (one all_reduce), per test, median of {args.rounds} sessions x {args.tests} tests:")
-    print(f"  warm ranks (pytest harness)          {statistics.median(warm_medians) * 1e3:8.1f} ms")
-    print(f"  fresh ranks per test (isolated=True) {statistics.median(isolated_medians) * 1e3:8.1f} ms")
-    print(f"  fresh / warm, median of pairs        {statistics.median(ratios):8.1f} x")
-    cold_s, session_s = statistics.median(cold), statistics.median(session_walls)
-    print(f"  first test of a session (cold)       {cold_s:8.2f} s  (fork server, torch import, first pool)")
-    print(f"  whole session ({1 + 2 * args.tests} tests)             {session_s:8.2f} s  (includes pytest start)")
-    print(f"  accel.sim.launch alone, warm         {launch_ms:8.1f} ms")
+    print(f"  warm ranks, collective check on (default) {warm:8.1f} ms")
+    check_cost = warm - unchecked_ms
+    print(f"  warm ranks, collective check off          {unchecked_ms:8.1f} ms  (the check costs {check_cost:+.1f} ms)")
+    print(f"  fresh ranks per test (isolated=True)      {isolated_ms:8.1f} ms  ({isolated_ms / warm:.1f} x warm)")
+    print(f"  first test of a warm session (cold)       {statistics.median(cold):8.2f} s  (rank server, first pool)")
+    session = f"whole warm session ({1 + args.tests} tests)"
+    print(f"  {session:<41} {statistics.median(walls):8.2f} s  (includes pytest start)")
+    print(f"  accel.sim.launch alone, warm, check on    {launch_on:8.1f} ms")
+    print(f"  accel.sim.launch alone, warm, check off   {launch_off:8.1f} ms")
 
 
 if __name__ == "__main__":
