@@ -57,6 +57,8 @@ def distributed_test(
     isolated: bool = False,
     check_collectives: bool | None = None,
     faults: Sequence[Any] = (),
+    gpu: str | None = None,
+    report_memory: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Run the decorated test's body on `world_size` simulated ranks of `device`.
 
@@ -74,8 +76,13 @@ def distributed_test(
     collective) fail it within a second.
     `faults` injects failures: `accel.sim.Fault` objects or spec strings such as
     ``"kill:rank=1:collective=3"`` (`accel.sim.faults.parse_fault`).
+    `gpu` names the card of the simulated GPUs (``device="cuda"``): "H100", "L4", ... or
+    "memory=24GiB,capability=8.9" (`accel.sim.gpu_models`); default ``ACCEL_SIM_GPU``, else an H100.
+    `report_memory=True`: each rank prints its GPUs' peak memory after the body (shown with
+    the test's output: ``pytest -rP`` or ``-s``).
     """
     from accel.sim.faults import as_faults
+    from accel.sim.launcher import check_gpu
 
     injected = as_faults(list(faults))
     if check_collectives is not None and not isinstance(check_collectives, bool):
@@ -88,6 +95,11 @@ def distributed_test(
         raise ValueError(f"@distributed_test(world_size=...) must be positive, got {world_size!r}")
     if not timeout or timeout <= 0:
         raise ValueError(f"@distributed_test(timeout=...) must be a positive number of seconds, got {timeout!r}")
+    if gpu is not None:
+        try:
+            check_gpu(gpu, devices)
+        except ValueError as error:
+            raise ValueError(f"@distributed_test(gpu=...): {error}") from None
 
     def decorate(body: Callable[..., Any]) -> Callable[..., Any]:
         if not inspect.isfunction(body):
@@ -126,7 +138,7 @@ def distributed_test(
         ]
         distributed.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *extra])  # type: ignore[attr-defined]  # read by pytest
         distributed._accel_distributed = DistributedSpec(  # type: ignore[attr-defined]  # our marker on the function
-            body=body,
+            body=body if gpu is None and not report_memory else _on_gpu(body, gpu, bool(report_memory)),
             params=params,
             world_sizes=world_sizes,
             devices=devices,
@@ -150,6 +162,17 @@ def distributed_test(
         return marked
 
     return decorate
+
+
+def _on_gpu(body: Callable[..., Any], gpu: str | None, report_memory: bool) -> Callable[..., Any]:
+    """`body`, run with every simulated GPU of the rank being card `gpu` (reporting peak memory if asked)."""
+    from accel.sim.launcher import on_gpu
+
+    @functools.wraps(body)
+    def run_on_gpu(*args: Any, **kwargs: Any) -> Any:
+        return on_gpu(gpu, report_memory, body, *args, **kwargs)
+
+    return run_on_gpu
 
 
 def spec_of(obj: Any) -> DistributedSpec | None:

@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from accel.commands import launch_args
+from accel.sim import gpu_models
 from accel.sim.device_names import DEVICES
 
 #: simulated devices (their one definition is torch-free, so `--help` stays fast)
@@ -85,10 +86,16 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--tpu with --simulate {args.simulate}: simulate TPUs with --simulate xla")
         if args.log_dir or args.tee != "0":
             raise ValueError("--log_dir/--tee are torchrun's; under --simulate, use --local_ranks_filter")
+        if args.gpu is not None:
+            if args.simulate != "cuda":
+                raise ValueError(
+                    f"--gpu names the card of simulated GPUs: use it with --simulate cuda, not {args.simulate}"
+                )
+            gpu_models.check(args.gpu)
     else:
         if args.tpu:
             raise ValueError("--tpu: accel launches TPUs only simulated (--simulate xla)")
-        for flag, value in (("--fault", args.fault), ("--timeout", args.timeout)):
+        for flag, value in (("--fault", args.fault), ("--timeout", args.timeout), ("--gpu", args.gpu)):
             if value:
                 raise ValueError(f"{flag} applies to simulated runs only; add --simulate cpu|cuda|xla")
 

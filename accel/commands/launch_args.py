@@ -180,6 +180,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, help="seconds a simulated run may take (default: no limit; deadlocks still fail)"
     )
     sim.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="with --simulate cuda: the card each simulated GPU is (H100, H200, A100-80GB, A100-40GB, L40S, L4, A10G, "
+        "RTX4090, RTX3090, T4, V100, V100-32GB, or memory=24GiB,capability=8.9; default: $ACCEL_SIM_GPU, else H100)",
+    )
+    sim.add_argument(
         "--local_ranks_filter",
         "--local-ranks-filter",
         dest="local_ranks_filter",

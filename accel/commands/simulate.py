@@ -32,6 +32,7 @@ def run_script(script: str, script_args: list[str], env: dict[str, str], module:
 
     `sys.exit(code)` in the script ends the rank with that code.
     """
+    from accel.sim.launcher import report_peak_memory
     from accel.sim.worker import hide_frames_of
 
     # A failing rank's traceback then starts at the script, not in this runner.
@@ -55,6 +56,8 @@ def run_script(script: str, script_args: list[str], env: dict[str, str], module:
             runpy.run_path(script, run_name="__main__")
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+    # the answer people simulate GPUs for: each GPU's peak memory against its card
+    report_peak_memory()
 
 
 def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
@@ -74,6 +77,10 @@ def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
         return 2
     _quiet_resource_tracker()
     env = {**env, **_terminal_env(world_size, shown)}
+    if getattr(args, "gpu", None):
+        from accel.sim.gpu_models import GPU_ENV
+
+        env[GPU_ENV] = args.gpu
     script = args.script if args.module else os.path.abspath(args.script)
     # Process-wide output settings: put back afterwards, for callers of cli.main in a process that goes on.
     previous = output.settings()

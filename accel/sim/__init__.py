@@ -25,8 +25,11 @@ between the pool and its ranks are typed (`messages`).
 Environment knobs: `ACCEL_SIM_START_TIMEOUT` (seconds a pool may take to start,
 default 120), `ACCEL_SIM_MAX_WARM_RANKS` (idle warm ranks kept per process, default 32),
 `ACCEL_SIM_CHECK_COLLECTIVES` (0 turns the collective check off), `ACCEL_SIM_CHECK_TIMEOUT`
-(seconds a rank waits for its peers in the check, default 1800).
+(seconds a rank waits for its peers in the check, default 1800), `ACCEL_SIM_GPU` (the card
+each simulated GPU is, `gpu_models`), `ACCEL_SIM_GPU_MEMORY` (0 turns GPU memory counting off).
 """
+
+from typing import TYPE_CHECKING
 
 from accel.sim.failures import (
     CollectiveMismatch,
@@ -37,6 +40,22 @@ from accel.sim.failures import (
 )
 from accel.sim.faults import Fault, InjectedFault, fault_point, parse_fault
 from accel.sim.launcher import launch
+
+if TYPE_CHECKING:
+    from accel.sim.cuda_properties import PeakMemory
+
+
+def peak_memory(device: object = None) -> "PeakMemory":
+    """In a simulated GPU rank: the peak memory of GPU `device` (default: current), a `PeakMemory`.
+
+    `.allocated` and `.reserved` are the peaks of `torch.cuda.memory_allocated` and
+    `memory_reserved` since CUDA started in the rank (or the last `reset_peak_memory_stats`),
+    `.capacity` the card's memory: ``assert accel.sim.peak_memory().reserved < 40 * 2**30``.
+    """
+    from accel.sim import cuda_properties
+
+    return cuda_properties.peak_memory(device)
+
 
 __all__ = [
     "launch",
@@ -49,4 +68,5 @@ __all__ = [
     "InjectedFault",
     "fault_point",
     "parse_fault",
+    "peak_memory",
 ]

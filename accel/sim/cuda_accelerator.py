@@ -36,19 +36,18 @@ def _exchange(index: int) -> int:
 
 
 def _stats(index: int) -> dict[str, Any]:
-    """The nested statistics `torch.accelerator.memory_stats` flattens: `torch.cuda`'s counters."""
+    """The nested statistics `torch.accelerator.memory_stats` flattens: the simulated allocator's."""
+    from accel.sim import cuda_properties
 
-    def kind(current: int, peak: int) -> dict[str, Any]:
-        return {"all": {"current": current, "peak": peak}}
-
-    return {
-        "allocated_bytes": kind(torch.cuda.memory_allocated(index), torch.cuda.max_memory_allocated(index)),
-        "reserved_bytes": kind(torch.cuda.memory_reserved(index), torch.cuda.max_memory_reserved(index)),
-    }
+    return cuda_properties.memory_stats_as_nested_dict(index)
 
 
 def _reset_peak(index: int) -> None:
     torch.cuda.reset_peak_memory_stats(index)
+
+
+def _reset_accumulated(index: int) -> None:
+    torch.cuda.reset_accumulated_memory_stats(index)
 
 
 def answers() -> dict[str, Any]:
@@ -70,7 +69,7 @@ def answers() -> dict[str, Any]:
         "_accelerator_emptyCache": lambda: torch.cuda.empty_cache(),
         "_accelerator_emptyHostCache": lambda: None,
         "_accelerator_getDeviceStats": _stats,
-        "_accelerator_resetAccumulatedStats": _reset_peak,
+        "_accelerator_resetAccumulatedStats": _reset_accumulated,
         "_accelerator_resetPeakStats": _reset_peak,
         "_accelerator_getMemoryInfo": lambda index: torch.cuda.mem_get_info(index),
     }

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from accel.sim import cuda_state, torch_internals
+from accel.sim import cuda_memory, cuda_state, torch_internals
 from accel.sim.cuda_tensor import SimCudaTensor, run_on, unwrap
 
 aten = torch.ops.aten
@@ -57,10 +57,33 @@ def factory_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     device = cuda_state.gpus().resolve(device)
     kwargs = dict(kwargs, device=torch.device("cpu"))
     kwargs.pop("pin_memory", None)
-    out = run_on(device, op, args, kwargs)
+    index = device.index or 0
+    reserved = _reserve(index, op, args, kwargs) if cuda_memory.is_counting() else None
+    try:
+        out = run_on(device, op, args, kwargs)
+    except BaseException:
+        cuda_memory.unreserve(index, reserved)
+        raise
     if isinstance(out, torch.Tensor):
+        cuda_memory.track(out, index, reserved)
         return SimCudaTensor(out, device)
     return type(out)(SimCudaTensor(t, device) for t in out)
+
+
+def _reserve(index: int, op: Any, args: tuple, kwargs: dict) -> cuda_memory.Block | None:
+    """The GPU memory of what `op` will make, taken before the host allocates it (out of memory first).
+
+    The size comes from running the factory on the meta device, which allocates nothing.
+    """
+    try:
+        meta = op(*args, **dict(kwargs, device=torch.device("meta")))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        # No meta kernel, or arguments only the CPU kernel reads: the memory is then
+        # counted (and out-of-memory raised) just after the host made the tensor.
+        return None
+    if not isinstance(meta, torch.Tensor) or meta.layout is not torch.strided:
+        return None
+    return cuda_memory.reserve(index, meta.untyped_storage().nbytes())
 
 
 def _copy_kernel(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:

@@ -7,6 +7,7 @@ plain `"cuda"` means the current one, as `torch.cuda.set_device` left it.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -26,25 +27,112 @@ def invalid_ordinal_error() -> RuntimeError:
     )
 
 
-class SimGpus:
-    """The simulated GPUs of this rank."""
+#: what each process reads when CUDA starts: which of the host's GPUs it sees, in which order
+VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
 
-    def __init__(self, count: int, current: int) -> None:
-        self.count = count
+
+def uuid_of(physical: int) -> str:
+    """The UUID a simulated host's GPU `physical` reports (stable: the same GPU, the same UUID)."""
+    return f"GPU-5e1a7ed0-acce-1000-8000-{physical:012x}"
+
+
+def parse_visible(value: str | None, physical: int) -> list[int]:
+    """The host GPUs `CUDA_VISIBLE_DEVICES=value` makes visible, as CUDA reads it.
+
+    Unset: all of them. Entries are ordinals or (prefixes of) UUIDs; the list ends at the
+    first entry that names no GPU of the host, and a list naming one GPU twice shows none.
+    """
+    if value is None:
+        return list(range(physical))
+    seen: list[int] = []
+    uuids = [uuid_of(i) for i in range(physical)]
+    for entry in value.split(","):
+        entry = entry.strip()
+        if entry.startswith(("GPU-", "MIG-")):
+            matches = [i for i, uuid in enumerate(uuids) if uuid.startswith(entry)]
+            if len(matches) != 1:
+                break
+            index = matches[0]
+        else:
+            digits = len(entry) - len(entry.lstrip("0123456789"))
+            if not digits:
+                break
+            index = int(entry[:digits])
+            if index >= physical:
+                break
+        if index in seen:
+            return []
+        seen.append(index)
+    return seen
+
+
+class SimGpus:
+    """The simulated GPUs of this rank: the host has `physical` of them, the process sees `visible`."""
+
+    def __init__(self, physical: int, current: int) -> None:
+        self.physical = physical
+        self.visible: list[int] = list(range(physical))
         self.current = current
-        self.devices = [torch.device("cuda", i) for i in range(count)]
-        self.generators = [torch.Generator() for _ in range(count)]
+        self.devices = [torch.device("cuda", i) for i in range(physical)]
+        self.generators = [torch.Generator() for _ in range(physical)]
         self.set_device_calls: list[int] = []
         #: whether CUDA has been initialised in this process (`torch.cuda.is_initialized()`):
         #: on a GPU host, by the first use of a GPU (a tensor, set_device, current_device, ...)
         self.initialized = False
+        #: whether the visible GPUs are fixed: CUDA reads CUDA_VISIBLE_DEVICES when it starts
+        #: (each test or script starts with none used yet, so it may still set it)
+        self.started = False
+        #: called with this object when the visible GPUs are fixed (the memory counters follow them)
+        self.on_start: list[Any] = []
         self.reset(current)
+
+    @property
+    def count(self) -> int:
+        """How many GPUs this process sees (`torch.cuda.device_count()`)."""
+        if not self.started:
+            self._see(parse_visible(os.environ.get(VISIBLE_ENV), self.physical))
+        return len(self.visible)
+
+    def _see(self, visible: list[int]) -> None:
+        if visible == self.visible:
+            return
+        self.visible = visible
+        self.devices = [torch.device("cuda", i) for i in range(len(visible))]
+        self.generators = [torch.Generator() for _ in visible]
+        for generator in self.generators:
+            generator.manual_seed(DEFAULT_CUDA_SEED)
+
+    def start(self) -> None:
+        """CUDA starts: the visible GPUs are read from the environment and fixed."""
+        if self.started:
+            return
+        self._see(parse_visible(os.environ.get(VISIBLE_ENV), self.physical))
+        if self.current >= len(self.visible):
+            self.current = 0  # a process starts on the first GPU it sees
+        self.started = True
+        if not self.visible:
+            self.started = False  # nothing to start: CUDA fails, and may try again later
+            raise RuntimeError("No CUDA GPUs are available")
+        for callback in self.on_start:
+            callback(self)
+
+    def use(self) -> None:
+        """A GPU is used: CUDA starts (if it had not) and counts as initialised."""
+        if not self.started:
+            self.start()
+        self.initialized = True
+
+    def physical_of(self, index: int) -> int:
+        """The host GPU behind visible GPU `index` (what NCCL tells GPUs apart by)."""
+        return self.visible[index]
 
     def reset(self, current: int, initialized: bool = True) -> None:
         """Back to start-up: `current` is the current GPU, every generator has torch's default seed.
 
-        `initialized` False: as a new process, which has not used CUDA yet.
+        `initialized` False: as a new process, which has not used CUDA yet. Either way the
+        visible GPUs are read again when a GPU is next used.
         """
+        self.started = False
         self.current = current
         self.initialized = initialized
         self.set_device_calls.clear()
@@ -63,11 +151,13 @@ class SimGpus:
             device = torch.device(device)
             if device.type not in ("cuda", HIDDEN_DEVICE):
                 return device
-            index = self.current if device.index is None else device.index
+            index = -1 if device.index is None else device.index
+        if initialize:
+            self.use()
+        if index < 0:
+            index = self.current
         if not 0 <= index < self.count:
             raise invalid_ordinal_error()
-        if initialize:
-            self.initialized = True
         return self.devices[index]
 
 

@@ -21,10 +21,13 @@ from typing import Any
 
 import torch
 
-from accel.sim import cuda_state, device_rules, torch_internals
+from accel.sim import cuda_memory, cuda_state, device_rules, torch_internals
 
 aten = torch.ops.aten
 _make_wrapper = torch_internals.make_wrapper
+#: the simulated GPUs' allocators (empty when memory is not counted): every new storage is counted
+_COUNTING = cuda_memory.counting_list()
+_track = cuda_memory.track
 
 #: the C++ devices under the simulated GPUs (filled when the GPUs are installed)
 _HIDDEN: list[torch.device] = []
@@ -43,6 +46,8 @@ class SimCudaTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor, device: torch.device, requires_grad: bool = False) -> SimCudaTensor:
+        if _COUNTING:
+            _track(inner, device.index or 0)
         self = _make_wrapper(cls, inner, _HIDDEN[device.index or 0], requires_grad)
         self._inner = inner
         self._cuda = device
@@ -104,6 +109,8 @@ class SimCudaTensor(torch.Tensor):
             if device is not None:
                 out = _draw(device.index or 0, func, inner_args, {}) if facts[1] else func(*inner_args)
                 if type(out) is torch.Tensor:
+                    if _COUNTING:
+                        _track(out, device.index or 0)
                     self = _make_wrapper(SimCudaTensor, out, _HIDDEN[device.index or 0], False)
                     self._inner = out
                     self._cuda = device
@@ -360,6 +367,8 @@ def _wrap_results(value: Any, seen: dict[int, SimCudaTensor], device: torch.devi
 
 def _new(inner: torch.Tensor, device: torch.device) -> SimCudaTensor:
     # `SimCudaTensor(inner, device)` without the class call's overhead: every op's result comes here
+    if _COUNTING:
+        _track(inner, device.index or 0)
     self = _make_wrapper(SimCudaTensor, inner, _HIDDEN[device.index or 0], False)
     self._inner = inner
     self._cuda = device
@@ -405,8 +414,18 @@ def to_copy(args: tuple, kwargs: dict) -> Any:
     target = source.device if target is None else gpus.resolve(target)
     kwargs = dict(kwargs, device=torch.device("cpu"))
     kwargs.pop("pin_memory", None)  # nothing to pin: the data stays in host memory
-    out = aten._to_copy.default(unwrap(source), **kwargs)
-    return SimCudaTensor(out, target) if target.type == "cuda" else out
+    if target.type != "cuda":
+        return aten._to_copy.default(unwrap(source), **kwargs)
+    # the GPU's memory is taken before the host's: a copy that cannot fit fails first
+    dtype = kwargs.get("dtype") or source.dtype
+    reserved = cuda_memory.reserve(target.index or 0, source.numel() * dtype.itemsize) if _COUNTING else None
+    try:
+        out = aten._to_copy.default(unwrap(source), **kwargs)
+    except BaseException:
+        cuda_memory.unreserve(target.index or 0, reserved)
+        raise
+    _track(out, target.index or 0, reserved)
+    return SimCudaTensor(out, target)
 
 
 def _one_gpu_of(tensors: list | tuple) -> torch.device | None:
@@ -509,8 +528,10 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def _follow_inner(wrapper: SimCudaTensor) -> None:
     # An in-place op may resize or restride the inner tensor (resize_, out=, t_):
-    # the wrapper must report the same shape.
+    # the wrapper must report the same shape, and the GPU count the storage's new size.
     inner = wrapper._inner
+    if _COUNTING:
+        cuda_memory.follow(inner)
     if (
         wrapper.shape != inner.shape
         or wrapper.stride() != inner.stride()

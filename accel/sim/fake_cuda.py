@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,8 +47,11 @@ from accel.sim import (
     cuda_functional,
     cuda_group,
     cuda_kernels,
+    cuda_memory,
+    cuda_properties,
     cuda_state,
     cuda_tensor,
+    gpu_models,
     torch_internals,
 )
 from accel.sim.cuda_state import DEFAULT_CUDA_SEED
@@ -96,7 +100,7 @@ def _unsupported(what: str, why: str) -> Callable[..., Any]:
 def _index(device: Any = None, initialize: bool = True) -> int:
     gpus = cuda_state.gpus()
     if initialize:
-        gpus.initialized = True
+        gpus.use()
     return gpus.current if device is None else gpus.resolve(device, initialize).index or 0
 
 
@@ -106,7 +110,7 @@ def _gpu(index: int) -> torch.device:
 
 
 def _lazy_init(*args: Any, **kwargs: Any) -> None:
-    cuda_state.gpus().initialized = True
+    cuda_state.gpus().use()
 
 
 def _set_device(device: Any) -> None:
@@ -152,13 +156,18 @@ class _device(contextlib.ContextDecorator):
 
 
 class Event:
-    """`torch.cuda.Event`: work is finished when issued, so an event is always complete."""
+    """`torch.cuda.Event`: work is finished when issued, so an event is complete once recorded.
+
+    With `enable_timing`, recording reads the host clock: the one stream of a simulated GPU
+    runs each op when it is issued, so the time between two events is the time its work took.
+    """
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self.enable_timing = enable_timing
+        self.time: float | None = None
 
     def record(self, stream: Any = None) -> None:
-        pass
+        self.time = time.perf_counter()
 
     def wait(self, stream: Any = None) -> None:
         pass
@@ -170,10 +179,12 @@ class Event:
         pass
 
     def elapsed_time(self, end_event: Any) -> float:
-        raise SimulatedDeviceError(
-            "Event.elapsed_time is not available on a simulated GPU: there is no GPU clock to measure; time the "
-            "step on the host (time.perf_counter) instead"
-        )
+        """Milliseconds from this event to `end_event`, as CUDA measures them (both recorded, both timing)."""
+        if not (self.enable_timing and getattr(end_event, "enable_timing", False)):
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if self.time is None or end_event.time is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end_event.time - self.time) * 1000.0
 
 
 class Stream:
@@ -223,11 +234,10 @@ class Stream:
 
 
 def _patches() -> dict[str, Any]:
-    zero = lambda device=None: 0  # noqa: E731  (memory counters: nothing is allocated on a simulated GPU)
     none = lambda *args, **kwargs: None  # noqa: E731
     gpus = cuda_state.gpus
     return {
-        "is_available": lambda: True,
+        "is_available": lambda: gpus().count > 0,
         "is_initialized": lambda: gpus().initialized,
         "init": _lazy_init,
         "_lazy_init": _lazy_init,
@@ -235,22 +245,14 @@ def _patches() -> dict[str, Any]:
         "current_device": lambda: _index(),
         "set_device": _set_device,
         "device": _device,
-        "get_device_name": lambda device=None: f"Simulated CUDA GPU {_index(device)} (accel.sim, on CPU)",
-        "get_device_capability": lambda device=None: (8, 0),
-        "is_bf16_supported": lambda including_emulation=True: True,
+        # get_device_name / get_device_capability / is_bf16_supported: torch's own, on these properties
+        "get_device_properties": cuda_properties.get_device_properties,
         "synchronize": lambda device=None: _lazy_init(),
-        "empty_cache": none,
         "ipc_collect": none,
-        "memory_allocated": zero,
-        "max_memory_allocated": zero,
-        "memory_reserved": zero,
-        "max_memory_reserved": zero,
-        "reset_peak_memory_stats": none,
-        "reset_max_memory_allocated": none,
-        "mem_get_info": _unsupported("torch.cuda.mem_get_info()", "a simulated GPU has no memory of its own"),
-        "get_device_properties": _unsupported(
-            "torch.cuda.get_device_properties()", "there is no GPU whose properties could be reported"
-        ),
+        "utilization": _unsupported("torch.cuda.utilization()", "it reads the GPU's NVML counters"),
+        "temperature": _unsupported("torch.cuda.temperature()", "it reads the GPU's NVML counters"),
+        "power_draw": _unsupported("torch.cuda.power_draw()", "it reads the GPU's NVML counters"),
+        "clock_rate": _unsupported("torch.cuda.clock_rate()", "it reads the GPU's NVML counters"),
         "Stream": Stream,
         "Event": Event,
         "current_stream": lambda device=None: Stream(device),
@@ -265,6 +267,7 @@ def _patches() -> dict[str, Any]:
         "seed": lambda: _generator().seed(),
         "seed_all": lambda: _manual_seed_all(random.getrandbits(63)),  # one fresh seed for all, like torch
         "initial_seed": lambda: _generator().initial_seed(),
+        **cuda_properties.memory_patches(),
     }
 
 
@@ -346,7 +349,8 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
     if device_count is None:
         device_count = int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
     count = max(device_count, 1)
-    cuda_state.install(count, local_rank % count)
+    gpus = cuda_state.install(count, local_rank % count)
+    gpus.on_start.append(_count_memory)
     if not _registered:
         torch_internals.register_python_backend(cuda_state.HIDDEN_DEVICE, _HiddenDeviceModule())
         torch_internals.serve_pinned_memory()
@@ -361,6 +365,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         torch_internals.patch_data_setter(cuda_tensor.set_data)
         torch_internals.check_grad_device(cuda_tensor.check_grad)
         torch_internals.show_hidden_as(cuda_state.HIDDEN_DEVICE, _gpu)
+        torch_internals.on_storage_resize(cuda_memory.resize)
         cuda_accelerator.install()
         torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
         torch_internals.seed_dtensor_shards_from_cpu_generators()
@@ -376,8 +381,18 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
     for name, replacement in _patches().items():
         # The RNG functions live in torch.cuda.random and are re-exported by torch.cuda.
         modules = (torch.cuda, torch.cuda.random) if name in _RNG_NAMES else (torch.cuda,)
+        if name in cuda_properties.MEMORY_NAMES:
+            modules = (torch.cuda, torch.cuda.memory)
         for module in modules:
             setattr(module, name, replacement)
+
+
+def _count_memory(gpus: cuda_state.SimGpus) -> None:
+    """CUDA starts in this process (or test): each visible GPU is the chosen card, its memory empty."""
+    if os.environ.get(cuda_properties.MEMORY_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        cuda_memory.uninstall()
+        return
+    cuda_memory.install(gpu_models.resolve(), len(gpus.visible))
 
 
 def reset(local_rank: int | None = None, fresh: bool = False) -> None:
@@ -387,7 +402,7 @@ def reset(local_rank: int | None = None, fresh: bool = False) -> None:
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
     gpus = cuda_state.gpus()
-    gpus.reset(local_rank % gpus.count, initialized=not fresh)
+    gpus.reset(local_rank % gpus.physical, initialized=not fresh)
     cuda_autocast.reset()
 
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from accel.sim import device_names, serialize
+from accel.sim import device_names, gpu_models, serialize
 from accel.sim import faults as fault_specs
 from accel.sim import manager as managers
 from accel.sim import pool as pools
@@ -56,6 +56,41 @@ def check_options(world_size: int, device: str, timeout: float | None, real_devi
         raise ValueError(f"unknown simulated device {device!r}; choose one of {', '.join(known_devices())}")
     if timeout is not None and (not timeout or timeout <= 0):
         raise ValueError(f"timeout must be a positive number of seconds (or None: no limit), got {timeout!r}")
+
+
+def check_gpu(gpu: str, device: str | Sequence[str], real_device: bool = False) -> None:
+    """A card to simulate is named only for simulated GPUs, and must be one `accel.sim.gpu_models` knows."""
+    devices = (device,) if isinstance(device, str) else tuple(device)
+    if real_device or "cuda" not in devices:
+        raise ValueError(
+            f"gpu={gpu!r} names the card of simulated GPUs: it needs device='cuda' (simulated), got {device!r}"
+        )
+    gpu_models.check(gpu)
+
+
+def on_gpu(gpu: str | None, report_memory: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """In a rank: `fn(*args, **kwargs)` on simulated GPUs of card `gpu` (None: as configured).
+
+    The card is read when CUDA starts in the rank; the rank's environment is put back after
+    the call. `report_memory`: print each simulated GPU's peak memory once `fn` returned.
+    """
+    if gpu is not None:
+        os.environ[gpu_models.GPU_ENV] = gpu
+    result = fn(*args, **kwargs)
+    if report_memory:
+        report_peak_memory()
+    return result
+
+
+def report_peak_memory() -> None:
+    """Print one line per simulated GPU this rank used: its peak memory against its card."""
+    import sys
+
+    properties = sys.modules.get("accel.sim.cuda_properties")  # loaded in simulated GPU ranks only
+    if properties is None:
+        return
+    for line in properties.peak_report():
+        print(f"accel.sim: {line}", flush=True)
 
 
 def resolve_check(check_collectives: bool | None) -> bool:
@@ -167,6 +202,8 @@ def launch(
     real_device: bool = False,
     check_collectives: bool | None = None,
     faults: Sequence[fault_specs.Fault | str] | None = None,
+    gpu: str | None = None,
+    report_memory: bool = False,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on `world_size` simulated ranks; the list of their return values.
 
@@ -196,8 +233,17 @@ def launch(
 
     `real_device=True` runs on the real hardware instead (`device="cuda"`: one GPU per
     rank, NCCL), with nothing simulated.
+
+    `gpu` (with ``device="cuda"``) names the card each simulated GPU is ("H100", "L4",
+    "memory=24GiB,capability=8.9", see `accel.sim.gpu_models`); default: ``ACCEL_SIM_GPU``,
+    else an H100. Its memory is what the ranks may allocate before out-of-memory.
+    `report_memory=True` has each rank print its GPUs' peak memory when `fn` returns.
     """
     check_options(world_size, device, timeout, real_device)
+    if gpu is not None:
+        check_gpu(gpu, device, real_device)
+    if gpu is not None or report_memory:
+        fn, args, kwargs = on_gpu, (gpu, bool(report_memory), fn, *args), kwargs
     payload = serialize.dumps_call(fn, args, kwargs or {})
     outcomes = run_payload(
         payload,

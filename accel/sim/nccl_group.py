@@ -127,8 +127,9 @@ def duplicate_gpu_error(rank: int, other: int, index: int) -> dist.DistBackendEr
         "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
         "Last error:\n"
         f"Duplicate GPU detected : rank {rank} and rank {other} both on CUDA device {index}\n"
-        f"(accel.sim: ranks {other} and {rank} both ran their first collective on simulated cuda:{index}; on a "
-        "real node each process must call torch.cuda.set_device(local_rank) before it communicates)"
+        f"(accel.sim: ranks {other} and {rank} both ran their first collective on the host's simulated GPU {index}; "
+        "on a real node each process must call torch.cuda.set_device(local_rank) before it communicates, or see "
+        "only its own GPU through CUDA_VISIBLE_DEVICES)"
     )
 
 
@@ -524,7 +525,9 @@ class SimNcclGroup(PythonGroup):
         return self.gpu if self.gpu is not None else torch.cuda.current_device()
 
     def _check_distinct(self, index: int) -> None:
-        mine = torch.tensor([index], dtype=torch.int64)
+        # NCCL tells GPUs apart by their identity on the host, not by the index a process sees
+        # (with CUDA_VISIBLE_DEVICES each rank may see only its own GPU, as "cuda:0")
+        mine = torch.tensor([cuda_state.gpus().physical_of(index)], dtype=torch.int64)
         everyone = [torch.empty_like(mine) for _ in range(self.size())]
         self._gloo.allgather([everyone], [mine]).wait()
         gpus = [int(t.item()) for t in everyone]

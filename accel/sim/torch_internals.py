@@ -425,6 +425,16 @@ def silence_ddp_time_stats() -> None:
 _storage_classes: dict[torch.device, type] = {}
 
 
+#: called as hook(storage, new_size_in_bytes) before a storage shown on a simulated device is resized
+_storage_resize_hooks: list[Callable[[torch.UntypedStorage, int], None]] = []
+
+
+def on_storage_resize(hook: Callable[[torch.UntypedStorage, int], None]) -> None:
+    """Have `hook(storage, nbytes)` called before `storage.resize_(nbytes)` of storages `show_storage_on` marked."""
+    if hook not in _storage_resize_hooks:
+        _storage_resize_hooks.append(hook)
+
+
 def show_storage_on(storage: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
     """`storage` (host memory) reporting `device` as its device, as a GPU tensor's storage does.
 
@@ -434,7 +444,17 @@ def show_storage_on(storage: torch.UntypedStorage, device: torch.device) -> torc
     """
     cls = _storage_classes.get(device)
     if cls is None:
-        cls = type("UntypedStorage", (torch.UntypedStorage,), {"device": property(lambda self: device)})
+
+        def resize_(self: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+            # the GPU's memory changes before the host's (FSDP2 frees and re-allocates its
+            # unsharded parameters this way): out-of-memory first, as on the GPU
+            for hook in _storage_resize_hooks:
+                hook(self, size)
+            return torch.UntypedStorage.resize_(self, size)
+
+        cls = type(
+            "UntypedStorage", (torch.UntypedStorage,), {"device": property(lambda self: device), "resize_": resize_}
+        )
         cls.__module__ = torch.UntypedStorage.__module__
         _storage_classes[device] = cls
     if type(storage) is not cls:

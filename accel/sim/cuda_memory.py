@@ -1,0 +1,528 @@
+"""GPU memory of a simulated GPU, counted as PyTorch's CUDA caching allocator counts it.
+
+Every storage a simulated CUDA tensor holds is a block of this model, which follows the
+rules of c10/cuda/CUDACachingAllocator.cpp (without expandable segments or
+`max_split_size`): a request is rounded up to 512 bytes; requests up to 1 MiB come from
+2 MiB segments (the small pool), larger ones from 20 MiB segments below 10 MiB, and
+from segments of their own size rounded up to 2 MiB above; the smallest free block that
+fits is taken (lowest address first) and split when what is left is worth keeping (at
+least 512 bytes in the small pool, more than 1 MiB in the large one); freed blocks merge
+with free neighbours, and segments stay reserved until `empty_cache()`. A segment that
+does not fit in what the card has left frees the cached segments and tries again, then
+raises `torch.OutOfMemoryError` with CUDA's message, before the host allocates anything
+for it where the size is known in advance (factories, copies to the GPU, storage
+resizes), and just after the host kernel ran otherwise (its result is dropped at once).
+
+What a GPU spends outside these counters (the CUDA context, cuBLAS workspaces, NCCL
+buffers) is outside them here too; the context is taken off the card's free memory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from accel.sim.gpu_models import GpuModel
+
+K_MIN_BLOCK = 512
+K_SMALL_SIZE = 1 << 20
+K_SMALL_BUFFER = 2 << 20
+K_LARGE_BUFFER = 20 << 20
+K_MIN_LARGE_ALLOC = 10 << 20
+K_ROUND_LARGE = 2 << 20
+
+_POOLS = ("small_pool", "large_pool")
+_STATS = (
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "requested_bytes",
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "inactive_split_bytes",
+)
+
+
+splits_pools = ("all", *_POOLS)
+
+
+def round_size(size: int) -> int:
+    """A request as the allocator rounds it: at least 512 bytes, a multiple of 512."""
+    if size < K_MIN_BLOCK:
+        return K_MIN_BLOCK
+    return K_MIN_BLOCK * ((size + K_MIN_BLOCK - 1) // K_MIN_BLOCK)
+
+
+def allocation_size(size: int) -> int:
+    """The size of the segment the allocator asks the driver for, to serve a (rounded) request."""
+    if size <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if size < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return K_ROUND_LARGE * ((size + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
+
+
+def format_size(size: int) -> str:
+    """Bytes as CUDA's out-of-memory message writes them ("20.00 MiB")."""
+    if size <= 1024:
+        return f"{size} bytes"
+    if size <= 1 << 20:
+        return f"{size / 1024:.2f} KiB"
+    if size <= 1 << 30:
+        return f"{size / (1 << 20):.2f} MiB"
+    return f"{size / (1 << 30):.2f} GiB"
+
+
+class _Stat:
+    __slots__ = ("current", "peak", "allocated", "freed")
+
+    def __init__(self) -> None:
+        self.current = self.peak = self.allocated = self.freed = 0
+
+    def add(self, amount: int) -> None:
+        self.current += amount
+        if amount > 0:
+            self.allocated += amount
+            if self.current > self.peak:
+                self.peak = self.current
+        else:
+            self.freed -= amount
+
+    def as_dict(self) -> dict[str, int]:
+        return {"current": self.current, "peak": self.peak, "allocated": self.allocated, "freed": self.freed}
+
+
+class Block:
+    """A run of a segment: allocated to one storage, or free."""
+
+    __slots__ = ("size", "addr", "small", "prev", "next", "allocated", "requested", "segment_size")
+
+    def __init__(self, size: int, addr: int, small: bool) -> None:
+        self.size = size
+        self.addr = addr
+        self.small = small
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.allocated = False
+        self.requested = 0
+        self.segment_size = 0  # on a segment's first block: the segment's size
+
+
+@dataclasses.dataclass
+class _Pool:
+    free: list[tuple[int, int, Block]] = dataclasses.field(default_factory=list)  # (size, addr, block), sorted
+
+    def take(self, size: int) -> Block | None:
+        i = bisect.bisect_left(self.free, (size, -1))
+        if i == len(self.free):
+            return None
+        return self.free.pop(i)[2]
+
+    def put(self, block: Block) -> None:
+        bisect.insort(self.free, (block.size, block.addr, block))
+
+    def remove(self, block: Block) -> None:
+        i = bisect.bisect_left(self.free, (block.size, block.addr))
+        del self.free[i]
+
+
+class DeviceMemory:
+    """The caching allocator of one simulated GPU."""
+
+    def __init__(self, index: int, model: GpuModel) -> None:
+        self.index = index
+        self.model = model
+        self.fraction = 1.0
+        self.pools = {True: _Pool(), False: _Pool()}
+        self.segments: list[Block] = []  # first block of each segment
+        self._addresses = itertools.count(1 << 40, 1 << 40)  # one address range per segment
+        self.stats = {(name, pool): _Stat() for name in _STATS for pool in ("all", *_POOLS)}
+        self.counters = {"num_alloc_retries": 0, "num_ooms": 0, "num_device_alloc": 0, "num_device_free": 0}
+        self._hot = {
+            small: tuple(
+                self.stats[(name, pool)]
+                for name in ("allocated_bytes", "requested_bytes", "allocation")
+                for pool in ("all", _POOLS[0] if small else _POOLS[1])
+            )
+            for small in (True, False)
+        }
+        self.lock = threading.RLock()
+        #: the block of each counted storage, by key
+        self.blocks: dict[int, Block] = {}
+
+    # -- counters --------------------------------------------------------------------------------
+
+    def _count(self, name: str, small: bool, amount: int) -> None:
+        self.stats[(name, "all")].add(amount)
+        self.stats[(name, _POOLS[0] if small else _POOLS[1])].add(amount)
+
+    @property
+    def allocated(self) -> int:
+        return self.stats[("allocated_bytes", "all")].current
+
+    @property
+    def reserved(self) -> int:
+        return self.stats[("reserved_bytes", "all")].current
+
+    def free_memory(self) -> int:
+        """What `cudaMemGetInfo` says is free: the card less the context and the reserved segments."""
+        return max(self.model.total_memory - self.model.context_memory - self.reserved, 0)
+
+    # -- allocation -------------------------------------------------------------------------------
+
+    def malloc(self, nbytes: int) -> Block | None:
+        """A block for a request of `nbytes` (None for 0 bytes, as CUDA gives a null pointer)."""
+        if nbytes == 0:
+            return None
+        with self.lock:
+            size = round_size(nbytes)
+            small = size <= K_SMALL_SIZE
+            pool = self.pools[small]
+            block = pool.take(size)
+            if block is None:
+                block = self._new_segment(size, small)
+            remaining = block.size - size
+            if remaining >= K_MIN_BLOCK if small else remaining > K_SMALL_SIZE:
+                rest = Block(remaining, block.addr + size, small)
+                rest.prev, rest.next = block, block.next
+                if block.next is not None:
+                    block.next.prev = rest
+                block.next = rest
+                block.size = size
+                pool.put(rest)
+            block.allocated = True
+            block.requested = nbytes
+            self._book(small, block.size, nbytes, 1)
+            return block
+
+    def _book(self, small: bool, size: int, nbytes: int, count: int) -> None:
+        # The counters every allocation and free changes (this runs for every new storage of
+        # a simulated GPU, so unrolled): bytes and number of the blocks, bytes requested; in
+        # all pools and in the block's own. (With one stream, "active" equals "allocated".)
+        for stat, amount in zip(self._hot[small], (size, size, nbytes, nbytes, 1, 1), strict=True):
+            if count > 0:
+                current = stat.current + amount
+                stat.current = current
+                stat.allocated += amount
+                if current > stat.peak:
+                    stat.peak = current
+            else:
+                stat.current -= amount
+                stat.freed += amount
+
+    def _new_segment(self, size: int, small: bool) -> Block:
+        alloc = allocation_size(size)
+        if not self._fits(alloc):
+            self.counters["num_alloc_retries"] += 1
+            self.empty_cache()
+            if not self._fits(alloc):
+                self.counters["num_ooms"] += 1
+                raise torch.OutOfMemoryError(self.oom_message(alloc))
+        block = Block(alloc, next(self._addresses), small)
+        block.segment_size = alloc
+        self.segments.append(block)
+        self.counters["num_device_alloc"] += 1
+        self._count("reserved_bytes", small, alloc)
+        self._count("segment", small, 1)
+        return block
+
+    def _fits(self, alloc: int) -> bool:
+        return self.reserved + alloc <= self.limit()
+
+    def free(self, block: Block) -> None:
+        """Give `block` back: it merges with free neighbours and stays cached in its pool."""
+        with self.lock:
+            small = block.small
+            block.allocated = False
+            self._book(small, block.size, block.requested, -1)
+            pool = self.pools[small]
+            before = block.prev
+            if before is not None and not before.allocated:
+                # the free block before takes this one in (a segment's first block stays its first)
+                pool.remove(before)
+                before.size += block.size
+                before.next = block.next
+                if block.next is not None:
+                    block.next.prev = before
+                block = before
+            after = block.next
+            if after is not None and not after.allocated:
+                pool.remove(after)
+                block.size += after.size
+                block.next = after.next
+                if after.next is not None:
+                    after.next.prev = block
+            pool.put(block)
+
+    def empty_cache(self) -> None:
+        """Release every segment no tensor uses any more (`torch.cuda.empty_cache`)."""
+        with self.lock:
+            kept = []
+            for head in self.segments:
+                if head.prev is None and head.next is None and not head.allocated:
+                    self.pools[head.small].remove(head)
+                    self._count("reserved_bytes", head.small, -head.segment_size)
+                    self._count("segment", head.small, -1)
+                    self.counters["num_device_free"] += 1
+                else:
+                    kept.append(head)
+            self.segments = kept
+
+    # -- the storages (see "the storages of simulated CUDA tensors" below) --------------------------
+
+    def limit(self) -> int:
+        """The most this process may reserve on the card: what the context leaves, or its allowed fraction."""
+        limit = self.model.total_memory - self.model.context_memory
+        if self.fraction < 1.0:
+            limit = min(limit, int(self.model.total_memory * self.fraction))
+        return limit
+
+    def note_alloc(self, key: int, nbytes: int) -> None:
+        """Storage `key` of `nbytes` was made (raises out-of-memory if the card cannot hold it)."""
+        block = self.malloc(nbytes)
+        if block is not None:
+            self.blocks[key] = block
+
+    def note_block(self, key: int, block: Block) -> None:
+        """Storage `key` got `block`, allocated already (`reserve`)."""
+        self.blocks[key] = block
+
+    def note_free(self, key: int) -> None:
+        """Storage `key` is gone."""
+        block = self.blocks.pop(key, None)
+        if block is not None:
+            self.free(block)
+
+    def note_resize(self, key: int, new: int) -> None:
+        """Storage `key` grows or shrinks to `new` bytes: the new block first (out of memory first)."""
+        block = self.malloc(new) if new else None
+        self.note_free(key)
+        if block is not None:
+            self.blocks[key] = block
+
+    # -- reports ---------------------------------------------------------------------------------
+
+    def oom_message(self, alloc: int) -> str:
+        """CUDA's out-of-memory message for a segment of `alloc` bytes that does not fit."""
+        total = self.model.total_memory
+        allowed = ""
+        if self.fraction < 1.0:
+            allowed = f"{format_size(int(total * self.fraction))} allowed; "
+        return (
+            f"CUDA out of memory. Tried to allocate {format_size(alloc)}. GPU {self.index} has a total capacity of "
+            f"{format_size(total)} of which {format_size(self.free_memory())} is free. {allowed}Including "
+            f"non-PyTorch memory, this process has {format_size(self.reserved + self.model.context_memory)} memory "
+            f"in use. Of the allocated memory {format_size(self.allocated)} is allocated by PyTorch, and "
+            f"{format_size(self.reserved - self.allocated)} is reserved by PyTorch but unallocated. If reserved but "
+            "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+            "fragmentation.  See documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+        )
+
+    def nested_stats(self) -> dict[str, Any]:
+        """What `torch._C._cuda_memoryStats` returns: the nested form `torch.cuda.memory_stats` flattens."""
+        with self.lock:
+            splits = self._inactive_splits()
+            out: dict[str, Any] = {}
+            for name in _STATS:
+                source = {"active_bytes": "allocated_bytes", "active": "allocation"}.get(name, name)
+                if name in ("inactive_split", "inactive_split_bytes"):
+                    # computed from the pools when asked (only their current value is kept)
+                    out[name] = {
+                        pool: {
+                            "current": splits[(name, pool)],
+                            "peak": splits[(name, pool)],
+                            "allocated": 0,
+                            "freed": 0,
+                        }
+                        for pool in splits_pools
+                    }
+                else:
+                    out[name] = {pool: self.stats[(source, pool)].as_dict() for pool in ("all", *_POOLS)}
+            out.update(self.counters)
+            out["num_sync_all_streams"] = 0
+            out["oversize_allocations"] = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
+            out["oversize_segments"] = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
+            out["max_split_size"] = -1
+            return out
+
+    def _inactive_splits(self) -> dict[tuple[str, str], int]:
+        """Free blocks that are pieces of split segments, and their bytes, per pool."""
+        found = {(name, pool): 0 for name in ("inactive_split", "inactive_split_bytes") for pool in splits_pools}
+        for small, pool in self.pools.items():
+            for size, _, block in pool.free:
+                if block.prev is not None or block.next is not None:
+                    for where in ("all", _POOLS[0] if small else _POOLS[1]):
+                        found[("inactive_split", where)] += 1
+                        found[("inactive_split_bytes", where)] += size
+        return found
+
+    def reset_peaks(self) -> None:
+        with self.lock:
+            for stat in self.stats.values():
+                stat.peak = stat.current
+
+    def reset_accumulated(self) -> None:
+        with self.lock:
+            for stat in self.stats.values():
+                stat.allocated = stat.freed = 0
+            for key in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free"):
+                self.counters[key] = 0
+
+    def segment_snapshot(self) -> list[dict[str, Any]]:
+        """`torch.cuda.memory_snapshot()`'s segments: address, sizes and blocks of each."""
+        with self.lock:
+            return [
+                {
+                    "device": self.index,
+                    "address": head.addr,
+                    "total_size": head.segment_size,
+                    "allocated_size": sum(b.size for b in _chain(head) if b.allocated),
+                    "active_size": sum(b.size for b in _chain(head) if b.allocated),
+                    "requested_size": sum(b.requested for b in _chain(head) if b.allocated),
+                    "stream": 0,
+                    "segment_type": "small" if head.small else "large",
+                    "segment_pool_id": (0, 0),
+                    "is_expandable": False,
+                    "frames": [],
+                    "blocks": [
+                        {
+                            "address": b.addr,
+                            "size": b.size,
+                            "requested_size": b.requested,
+                            "state": "active_allocated" if b.allocated else "inactive",
+                            "frames": [],
+                        }
+                        for b in _chain(head)
+                    ],
+                }
+                for head in self.segments
+            ]
+
+
+def _chain(head: Block) -> Iterator[Block]:
+    block: Block | None = head
+    while block is not None:
+        yield block
+        block = block.next
+
+
+# -- the storages of simulated CUDA tensors --------------------------------------------------------
+
+#: the allocator of each simulated GPU of this rank (index -> DeviceMemory); empty: counting off
+_devices: list[DeviceMemory] = []
+#: StorageImpl address -> [its device's allocator, its size in bytes, a weak reference to the
+#: storage]; the entry leaves when the storage is freed (the reference's callback)
+_live: dict[int, list[Any]] = {}
+
+
+def install(model: GpuModel, count: int) -> None:
+    """Give this rank `count` simulated GPUs of `model`, their memory empty."""
+    _devices[:] = [DeviceMemory(index, model) for index in range(count)]
+    _live.clear()
+
+
+def uninstall() -> None:
+    """Stop counting (simulated GPUs keep working, their memory is not counted)."""
+    _devices.clear()
+    _live.clear()
+
+
+def device(index: int) -> DeviceMemory:
+    """The allocator of simulated GPU `index` (raises when memory is not counted)."""
+    if not _devices:
+        raise RuntimeError("simulated GPU memory is not being counted in this process")
+    return _devices[index]
+
+
+def is_counting() -> bool:
+    return bool(_devices)
+
+
+def counting_list() -> list[DeviceMemory]:
+    """The list of allocators itself (changed in place): a cheap truth test for callers on hot paths."""
+    return _devices
+
+
+def reserve(index: int, nbytes: int) -> Block | None:
+    """Before the host allocates `nbytes` for GPU `index`: the block (raises out-of-memory first).
+
+    Hand the block to `track` with the storage made for it, or to `unreserve` if none was.
+    """
+    if not _devices:
+        return None
+    return _devices[index].malloc(nbytes)
+
+
+def unreserve(index: int, block: Block | None) -> None:
+    """Give back a block `reserve` took for a storage that was never made."""
+    if block is not None and _devices:
+        _devices[index].free(block)
+
+
+def _released(ref: Any) -> None:
+    # the weak reference's callback: its storage is gone (a newer entry under the same key is not its)
+    entry = _live.get(ref.key)
+    if entry is None or entry[2] is not ref:
+        return
+    del _live[ref.key]
+    entry[0].note_free(ref.key)
+
+
+class _StorageRef(weakref.ref):
+    __slots__ = ("key",)
+    key: int
+
+
+def track(inner: torch.Tensor, index: int, reserved: Block | None = None) -> None:
+    """Count the storage of `inner` (now held by a tensor on GPU `index`) once, until it is freed.
+
+    `reserved` is the block `reserve` took for it. Raises out-of-memory if it cannot fit.
+    """
+    if not _devices or inner.layout is not torch.strided:
+        return
+    storage = inner.untyped_storage()
+    key = storage._cdata
+    memory = _devices[index]
+    entry = _live.get(key)
+    if entry is not None and entry[0] is memory:
+        if reserved is not None:
+            memory.free(reserved)
+        return
+    nbytes = storage.nbytes()
+    if reserved is not None and reserved.requested != nbytes:
+        memory.free(reserved)
+        reserved = None
+    if reserved is not None:
+        memory.note_block(key, reserved)
+    else:
+        memory.note_alloc(key, nbytes)
+    ref = _StorageRef(storage, _released)
+    ref.key = key
+    _live[key] = [memory, nbytes, ref]
+
+
+def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
+    """Before `storage.resize_(nbytes)` of a counted storage: its block is replaced (out of memory first)."""
+    entry = _live.get(storage._cdata)
+    if entry is None or entry[1] == nbytes:
+        return
+    entry[0].note_resize(storage._cdata, nbytes)
+    entry[1] = nbytes
+
+
+def follow(inner: torch.Tensor) -> None:
+    """After an op resized `inner` in place (resize_, out=): count its storage's new size."""
+    if not _devices or inner.layout is not torch.strided:
+        return
+    storage = inner.untyped_storage()
+    resize(storage, storage.nbytes())

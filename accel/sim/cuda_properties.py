@@ -1,0 +1,247 @@
+"""What `torch.cuda` reports about a simulated GPU: the card's properties and its memory counters.
+
+`get_device_properties` answers with the figures of the card the rank simulates
+(`accel.sim.gpu_models`); torch's own `get_device_name`, `get_device_capability` and
+`is_bf16_supported` read them, so capability-dependent answers follow the card as torch
+computes them. The memory functions read the simulated caching allocator
+(`accel.sim.cuda_memory`): torch's own `memory_allocated`, `max_memory_reserved`,
+`memory_summary`, ... run unchanged on top of `memory_stats`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+from accel.sim import cuda_memory, cuda_state, gpu_models
+from accel.sim.gpu_models import MiB
+
+#: environment knob: "0" turns the memory counters (and out-of-memory) off
+MEMORY_ENV = "ACCEL_SIM_GPU_MEMORY"
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class CudaDeviceProperties:
+    """`torch._C._CudaDeviceProperties` of a simulated GPU: the card's figures, read-only."""
+
+    name: str
+    major: int
+    minor: int
+    total_memory: int
+    multi_processor_count: int
+    is_integrated: int
+    is_multi_gpu_board: int
+    max_threads_per_multi_processor: int
+    max_threads_per_block: int
+    warp_size: int
+    regs_per_multiprocessor: int
+    shared_memory_per_block: int
+    shared_memory_per_block_optin: int
+    shared_memory_per_multiprocessor: int
+    L2_cache_size: int
+    uuid: str
+    gcnArchName: str
+    pci_bus_id: int
+    pci_device_id: int
+    pci_domain_id: int
+
+    @classmethod
+    def of(cls, model: gpu_models.GpuModel, physical: int) -> CudaDeviceProperties:
+        """The properties of host GPU `physical`, a `model` card."""
+        return cls(
+            name=model.name,
+            major=model.major,
+            minor=model.minor,
+            total_memory=model.total_memory,
+            multi_processor_count=model.multi_processor_count,
+            is_integrated=model.is_integrated,
+            is_multi_gpu_board=model.is_multi_gpu_board,
+            max_threads_per_multi_processor=model.max_threads_per_multi_processor,
+            max_threads_per_block=1024,
+            warp_size=model.warp_size,
+            regs_per_multiprocessor=model.regs_per_multiprocessor,
+            shared_memory_per_block=model.shared_memory_per_block,
+            shared_memory_per_block_optin=model.shared_memory_per_block_optin,
+            shared_memory_per_multiprocessor=model.shared_memory_per_multiprocessor,
+            L2_cache_size=model.l2_cache_size,
+            uuid=cuda_state.uuid_of(physical).removeprefix("GPU-"),
+            gcnArchName=model.name,  # what a CUDA build reports there
+            pci_bus_id=0x18 + physical,
+            pci_device_id=0,
+            pci_domain_id=0,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+            f"total_memory={self.total_memory // MiB}MB, multi_processor_count={self.multi_processor_count}, "
+            f"uuid={self.uuid}, pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
+            f"pci_domain_id={self.pci_domain_id}, L2_cache_size={self.L2_cache_size // MiB}MB)"
+        )
+
+
+def _index(device: Any = None) -> int:
+    gpus = cuda_state.gpus()
+    gpus.use()
+    if device is None or (isinstance(device, int) and not isinstance(device, bool) and device < 0):
+        return gpus.current
+    return gpus.resolve(device).index or 0
+
+
+def model() -> gpu_models.GpuModel:
+    """The card this rank's simulated GPUs are (the memory model's, once CUDA started; else the environment's)."""
+    if cuda_memory.is_counting():
+        return cuda_memory.device(0).model
+    return gpu_models.resolve()
+
+
+def get_device_properties(device: Any = None) -> CudaDeviceProperties:
+    """`torch.cuda.get_device_properties`: the card's figures (an index with no GPU fails as on a host)."""
+    index = _index(device)
+    return CudaDeviceProperties.of(model(), cuda_state.gpus().physical_of(index))
+
+
+# -- memory ---------------------------------------------------------------------------------------------
+
+
+def _memory(device: Any) -> cuda_memory.DeviceMemory | None:
+    index = _index(device)
+    return cuda_memory.device(index) if cuda_memory.is_counting() else None
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """The allocator's statistics (empty before CUDA is used, as torch's are)."""
+    if not cuda_state.gpus().initialized:
+        return {}
+    memory = _memory(device)
+    return memory.nested_stats() if memory is not None else {}
+
+
+def _flat_stats(device: Any = None) -> Any:
+    # torch's own flattening of the nested statistics ("allocated_bytes.all.current", ...)
+    nested = memory_stats_as_nested_dict(device)
+    flat: list[tuple[str, Any]] = []
+
+    def add(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                add(f"{prefix}.{key}" if prefix else key, item)
+        else:
+            flat.append((prefix, value))
+
+    add("", nested)
+    flat.sort()
+    return collections.OrderedDict(flat)
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    memory = _memory(device)
+    if memory is not None:
+        memory.reset_peaks()
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    memory = _memory(device)
+    if memory is not None:
+        memory.reset_accumulated()
+
+
+def empty_cache() -> None:
+    """Release the cached segments of every simulated GPU of the rank."""
+    if cuda_state.gpus().initialized and cuda_memory.is_counting():
+        for index in range(cuda_state.gpus().count):
+            cuda_memory.device(index).empty_cache()
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes as `cudaMemGetInfo` gives them: the card less the context and reserved memory."""
+    memory = _memory(device)
+    card = model()
+    if memory is None:
+        return card.total_memory - card.context_memory, card.total_memory
+    return memory.free_memory(), card.total_memory
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    memory = _memory(device)
+    if memory is not None:
+        memory.fraction = fraction
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    memory = _memory(device)
+    return memory.fraction if memory is not None else 1.0
+
+
+def memory_snapshot(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+    """`torch.cuda.memory_snapshot()`: the segments of every simulated GPU (no stack traces)."""
+    if not cuda_memory.is_counting():
+        return []
+    return [s for i in range(cuda_state.gpus().count) for s in cuda_memory.device(i).segment_snapshot()]
+
+
+def memory_patches() -> dict[str, Any]:
+    """`torch.cuda` / `torch.cuda.memory` name -> its simulated-GPU version (see `MEMORY_NAMES`)."""
+    return {
+        "memory_stats_as_nested_dict": memory_stats_as_nested_dict,
+        "memory_stats": _flat_stats,
+        "reset_peak_memory_stats": reset_peak_memory_stats,
+        "reset_accumulated_memory_stats": reset_accumulated_memory_stats,
+        "empty_cache": empty_cache,
+        "mem_get_info": mem_get_info,
+        "set_per_process_memory_fraction": set_per_process_memory_fraction,
+        "get_per_process_memory_fraction": get_per_process_memory_fraction,
+        "memory_snapshot": memory_snapshot,
+    }
+
+
+#: replaced in `torch.cuda.memory` as well, where torch's own `memory_allocated`, `memory_summary`, ... find them
+MEMORY_NAMES = frozenset(memory_patches())
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakMemory:
+    """A simulated GPU's peak memory since CUDA started in the rank (or the last peak reset)."""
+
+    device: str  # "cuda:0"
+    card: str
+    capacity: int  # the card's total memory, bytes
+    allocated: int  # peak of `memory_allocated`, bytes
+    reserved: int  # peak of `memory_reserved`, bytes
+
+    def __str__(self) -> str:
+        size = cuda_memory.format_size
+        return (
+            f"{self.device} ({self.card}, {size(self.capacity)}): peak allocated {size(self.allocated)}, "
+            f"peak reserved {size(self.reserved)} ({100 * self.reserved / self.capacity:.1f}% of the card)"
+        )
+
+
+def peak_memory(device: Any = None) -> PeakMemory:
+    """The peak memory of simulated GPU `device` (default: the current one) in this rank."""
+    memory = _memory(device)
+    if memory is None:
+        raise RuntimeError(
+            f"simulated GPU memory is not counted in this rank ({MEMORY_ENV}=0); unset it to count memory"
+        )
+    return PeakMemory(
+        device=f"cuda:{memory.index}",
+        card=memory.model.name,
+        capacity=memory.model.total_memory,
+        allocated=memory.stats[("allocated_bytes", "all")].peak,
+        reserved=memory.stats[("reserved_bytes", "all")].peak,
+    )
+
+
+def peak_report() -> list[str]:
+    """One line per simulated GPU this rank used: its peak allocated and reserved memory against the card."""
+    gpus = cuda_state.current()
+    if gpus is None or not (gpus.initialized and gpus.started and cuda_memory.is_counting()):
+        return []
+    peaks = [peak_memory(index) for index in range(gpus.count)]
+    return [str(peak) for peak in peaks if peak.reserved]

@@ -1,0 +1,106 @@
+"""The simulated caching allocator keeps CUDA's books whatever the sequence of requests (properties)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accel.sim import cuda_memory, gpu_models
+from accel.sim.cuda_memory import K_SMALL_SIZE, DeviceMemory, round_size
+
+MiB = 1 << 20
+SIZES = st.one_of(
+    st.integers(0, 4096),
+    st.sampled_from([511, 512, 513, K_SMALL_SIZE - 1, K_SMALL_SIZE, K_SMALL_SIZE + 1, 10 * MiB - 1, 10 * MiB]),
+    st.integers(K_SMALL_SIZE, 40 * MiB),
+)
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("malloc"), SIZES),
+        st.tuples(st.just("free"), st.integers(0, 1000)),
+        st.tuples(st.just("empty_cache"), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+def _check_books(memory: DeviceMemory, live: dict[int, tuple[cuda_memory.Block, int]]) -> None:
+    blocks = [block for block, _ in live.values()]
+    assert memory.allocated == sum(b.size for b in blocks)
+    assert memory.stats[("requested_bytes", "all")].current == sum(n for _, n in live.values())
+    assert memory.reserved == sum(head.segment_size for head in memory.segments)
+    assert memory.allocated <= memory.reserved
+    for block, nbytes in live.values():
+        slack = block.size - round_size(nbytes)
+        assert slack >= 0 and (slack < 512 if block.small else slack <= K_SMALL_SIZE)
+    pooled = {id(entry[2]) for pool in memory.pools.values() for entry in pool.free}
+    splits = 0
+    for head in memory.segments:
+        assert head.prev is None
+        address, block, previous_free = head.addr, head, False
+        while block is not None:
+            assert block.addr == address
+            assert block.allocated != (id(block) in pooled)  # free blocks, and only they, are cached
+            assert not (previous_free and not block.allocated)  # free neighbours are merged
+            previous_free = not block.allocated
+            splits += (not block.allocated) and (block.prev is not None or block.next is not None)
+            address += block.size
+            block = block.next
+        assert address == head.addr + head.segment_size  # the blocks tile the segment
+    assert memory.nested_stats()["inactive_split"]["all"]["current"] == splits
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=STEPS)
+def test_the_books_balance_after_any_sequence(steps):
+    memory = DeviceMemory(0, gpu_models.resolve("memory=256MiB,capability=8.0"))
+    live: dict[int, tuple[cuda_memory.Block, int]] = {}
+    for serial, (kind, value) in enumerate(steps):
+        if kind == "malloc":
+            try:
+                block = memory.malloc(value)
+            except torch.OutOfMemoryError as error:
+                assert "CUDA out of memory" in str(error)
+                _check_books(memory, live)
+                continue
+            assert (block is None) == (value == 0)
+            if block is not None:
+                live[serial] = (block, value)
+        elif kind == "free" and live:
+            key = sorted(live)[value % len(live)]
+            memory.free(live.pop(key)[0])
+        elif kind == "empty_cache":
+            memory.empty_cache()
+        _check_books(memory, live)
+    for block, _ in list(live.values()):
+        memory.free(block)
+    memory.empty_cache()
+    assert memory.allocated == 0 and memory.reserved == 0 and not memory.segments
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(0, "0 bytes"), (1024, "1024 bytes"), (1025, "1.00 KiB"), (MiB, "1024.00 KiB"), (20 * MiB, "20.00 MiB")],
+)
+def test_sizes_are_written_as_cuda_writes_them(size, text):
+    assert cuda_memory.format_size(size) == text
+
+
+@pytest.mark.parametrize(
+    ("spec", "name"),
+    [
+        ("h100", "NVIDIA H100 80GB HBM3"),
+        ("A100-40GB", "NVIDIA A100-SXM4-40GB"),
+        ("rtx 4090", "NVIDIA GeForce RTX 4090"),
+    ],
+)
+def test_cards_are_found_however_they_are_spelled(spec, name):
+    assert gpu_models.resolve(spec).name == name
+
+
+def test_a_custom_card_reads_sizes_and_capabilities():
+    card = gpu_models.resolve("memory=24GiB,capability=sm_89,sms=60")
+    assert (card.total_memory, card.capability, card.multi_processor_count) == (24 << 30, (8, 9), 60)
+    assert gpu_models.parse_size("512MiB") == 512 * MiB and gpu_models.parse_size("1000") == 1000
