@@ -104,3 +104,19 @@ def test_a_custom_card_reads_sizes_and_capabilities():
     card = gpu_models.resolve("memory=24GiB,capability=sm_89,sms=60")
     assert (card.total_memory, card.capability, card.multi_processor_count) == (24 << 30, (8, 9), 60)
     assert gpu_models.parse_size("512MiB") == 512 * MiB and gpu_models.parse_size("1000") == 1000
+
+
+def test_the_readme_table_is_the_table_of_cards():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.strip().startswith("| ") and "GiB |" in line]
+    table = {}
+    for row in rows:
+        name, reported, memory, capability, sms = (cell.strip() for cell in row.strip().strip("|").split("|"))
+        table[name.split(" ")[0]] = (reported, memory, capability, int(sms))
+    assert set(table) == set(gpu_models.CARDS)
+    for name, card in gpu_models.CARDS.items():
+        memory = f"{card.total_memory / (1 << 30):.2f} GiB"
+        assert table[name] == (card.name, memory, f"{card.major}.{card.minor}", card.multi_processor_count)
+    assert gpu_models.DEFAULT_GPU == "H100" and "the default is an **H100**" in readme
