@@ -19,6 +19,7 @@ session, which starts the server (each such round stops it first).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -49,20 +50,53 @@ def test_distributed(rank, world_size):
 """
 
 
-def session(path: str, env: dict[str, str]) -> float:
-    """Wall time of a fresh pytest session running the tests of `path`."""
+#: records how long the session's one test took (setup, call and teardown: the distributed
+#: test waits there for its ranks) and the session's own end (closing the ranks)
+TIMING = """
+import json, os, time
+import pytest
+
+_times = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        _times["test"] = time.perf_counter() - start
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_unconfigure(config):
+    start = time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        _times["end"] = time.perf_counter() - start
+        with open(os.environ["BENCH_TIMES"], "w") as handle:
+            json.dump(_times, handle)
+"""
+
+
+def session(path: str, env: dict[str, str]) -> tuple[float, float]:
+    """Wall time of a fresh pytest session running the tests of `path`; and of its test and end."""
+    times_file = path + ".times.json"
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench_timing", path],
         capture_output=True,
         text=True,
-        env=env,
+        env={**env, "BENCH_TIMES": times_file, "PYTHONPATH": os.path.dirname(path)},
         cwd=os.path.dirname(path),
     )
     elapsed = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"session {path} failed:\n{done.stdout}\n{done.stderr}")
-    return elapsed
+    with open(times_file) as handle:
+        inside = json.load(handle)
+    return elapsed, inside["test"] + inside["end"]
 
 
 def stop_servers(env: dict[str, str]) -> None:
@@ -82,6 +116,7 @@ def main() -> None:
     if args.no_server:
         env["ACCEL_SIM_SERVER"] = "0"
     times: dict[str, list[float]] = {"plain": [], "distributed": [], "first": []}
+    inner: dict[str, list[float]] = {"plain": [], "distributed": [], "first": []}
     with tempfile.TemporaryDirectory(prefix="accel-cold-") as folder:
         plain = os.path.join(folder, "test_plain.py")
         distributed = os.path.join(folder, "test_distributed.py")
@@ -89,14 +124,20 @@ def main() -> None:
             handle.write(PLAIN)
         with open(distributed, "w") as handle:
             handle.write(DISTRIBUTED.format(world_size=args.world_size))
+        with open(os.path.join(folder, "bench_timing.py"), "w") as handle:
+            handle.write(TIMING)
         session(plain, env)  # file caches warm for both
         session(distributed, env)
-        for _ in range(args.rounds):
-            times["plain"].append(session(plain, env))
-            times["distributed"].append(session(distributed, env))
+        for index in range(args.rounds):
+            order = ["plain", "distributed"] if index % 2 == 0 else ["distributed", "plain"]
             if args.first and not args.no_server:
-                stop_servers(env)
-                times["first"].append(session(distributed, env))
+                order.append("first")
+            for kind in order:
+                if kind == "first":
+                    stop_servers(env)
+                wall, inside = session(plain if kind == "plain" else distributed, env)
+                times[kind].append(wall)
+                inner[kind].append(inside)
         if not args.no_server:
             stop_servers(env)
 
@@ -116,6 +157,8 @@ def main() -> None:
             f"  first distributed test over the plain session: {median - plain_median:+.2f} s "
             f"(ratio {median / plain_median:.2f}; median of paired differences {statistics.median(pairs):+.2f} s)"
         )
+        extra = statistics.median(inner[key]) - statistics.median(inner["plain"])
+        print(f"  inside the session (its test and its end, less the plain one's): {extra:+.3f} s")
 
 
 def _spread(values: list[float]) -> str:
