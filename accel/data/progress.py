@@ -467,6 +467,21 @@ class LoaderProgress(DataLoaderStateMixin):
         device, non_blocking = torch.device(self.device), self.non_blocking
         tensor = torch.Tensor
 
+        if device.type == "cpu":
+
+            def keep_on_cpu(batch: Any) -> Any:
+                # Batches are on the CPU already, mostly: the usual flat ones (a list, tuple or dict
+                # of plain tensors, as default_collate makes them) are handed on after a look at
+                # their devices; anything else goes through send_to_device's generic walk.
+                kind = type(batch)
+                leaves = batch if kind is list or kind is tuple else batch.values() if kind is dict else (batch,)
+                for leaf in leaves:
+                    if type(leaf) is not tensor or leaf.device != device:
+                        return send_to_device(batch, device, non_blocking=non_blocking)
+                return batch
+
+            return keep_on_cpu
+
         # Keyword arguments cost a tensor method call more than the check around it: pass
         # non_blocking only when it is asked for.
         if non_blocking:
@@ -478,32 +493,22 @@ class LoaderProgress(DataLoaderStateMixin):
             def move(leaf: torch.Tensor) -> torch.Tensor:
                 return leaf.to(device)
 
-        if device.type == "cpu":
-
-            def to_device(leaf: torch.Tensor) -> torch.Tensor:
-                # Batches are on the CPU already, mostly: a look at the device costs less than .to().
-                return leaf if leaf.device == device else move(leaf)
-        else:
-            # Batches come from host memory, mostly, and do move; .to() returns a tensor that is on
-            # `device` already as it is, so looking first would only add a (costly) device read.
-            to_device = move
-
         def place(batch: Any) -> Any:
-            # The usual flat batches of plain tensors (a list, tuple or dict, as default_collate
-            # makes them) are moved here, reading each leaf's device once (a property that costs
-            # more than the rest of this function on simulated GPUs); anything nested or unusual
-            # goes through send_to_device's generic walk. (send_to_device also keeps a tensor
-            # whose device merely prints like `device`: for a plain tensor that means equal.)
+            # Batches come from host memory, mostly, and do move. The usual flat ones (a list,
+            # tuple or dict of plain tensors) are moved leaf by leaf without reading their
+            # devices (a costly property on simulated GPUs): .to() returns a tensor already on
+            # `device` as it is, which is send_to_device's rule too (a plain tensor's device that
+            # prints like `device` is `device`). Anything else goes through send_to_device.
             kind = type(batch)
             if kind is tensor:
-                return to_device(batch)
+                return move(batch)
             leaves = batch if kind is list or kind is tuple else batch.values() if kind is dict else None
             if leaves is None:
                 return send_to_device(batch, device, non_blocking=non_blocking)
             for leaf in leaves:
                 if type(leaf) is not tensor:
                     return send_to_device(batch, device, non_blocking=non_blocking)
-            placed = [to_device(leaf) for leaf in leaves]
+            placed = [move(leaf) for leaf in leaves]
             if all(map(operator.is_, placed, leaves)):
                 return batch  # nothing moved: no new container
             if kind is dict:
