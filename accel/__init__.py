@@ -43,6 +43,8 @@ _EXPORTS = {
         "GradientAccumulationPlugin",
         "DataLoaderConfiguration",
         "ProjectConfiguration",
+        "FullyShardedDataParallelPlugin",
+        "TorchDynamoPlugin",
     ],
 }
 
@@ -97,6 +99,8 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
         GradientAccumulationPlugin as GradientAccumulationPlugin,
         DataLoaderConfiguration as DataLoaderConfiguration,
         ProjectConfiguration as ProjectConfiguration,
+        FullyShardedDataParallelPlugin as FullyShardedDataParallelPlugin,
+        TorchDynamoPlugin as TorchDynamoPlugin,
     )
     from accel.big_modeling import (
         cpu_offload as cpu_offload,

@@ -83,6 +83,8 @@ class Accelerator:
             `GradScalerKwargs`, `InitProcessGroupKwargs`, `ProfileKwargs`, `FP8RecipeKwargs`.
         dispatch_batches / even_batches / use_seedable_sampler: shortcuts for the fields
             of `dataloader_config`.
+        fsdp_plugin: a `FullyShardedDataParallelPlugin(fsdp_version=2, ...)`: on several GPUs,
+            `prepare` shards the model with FSDP2 (`DistributedType.FSDP`, see `accel.fsdp`).
     """
 
     # set from kwargs_handlers by _set_handlers (None: that handler's defaults)
@@ -111,6 +113,7 @@ class Accelerator:
         dispatch_batches: bool | None = _UNSET,
         even_batches: bool = _UNSET,
         use_seedable_sampler: bool = _UNSET,
+        fsdp_plugin: Any = None,
     ) -> None:
         self._set_handlers(kwargs_handlers)
         self.dataloader_config = _merge_dataloader_config(
@@ -129,8 +132,14 @@ class Accelerator:
         self.trackers: list[GeneralTracker] = []
 
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True, **init_kwargs)
+        self.state = AcceleratorState(
+            mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True, fsdp_plugin=fsdp_plugin, **init_kwargs
+        )
         self._hardware = self.state.hardware
+        from accel.fsdp import strategy_for
+
+        # FSDP2 when the state runs DistributedType.FSDP (accel.fsdp); None: replicated data parallelism
+        self._sharding = strategy_for(self.state)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
@@ -222,6 +231,11 @@ class Accelerator:
     def is_last_process(self) -> bool:
         """True on the process of highest index."""
         return self.state.is_last_process
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether models are sharded with FSDP2 (`DistributedType.FSDP` with `fsdp_version=2`)."""
+        return bool(self.state.is_fsdp2)
 
     @property
     def use_distributed(self) -> bool:
@@ -385,6 +399,9 @@ class Accelerator:
             device_placement = [None] * len(args)
         elif len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects to prepare")
+        if self._sharding is not None:
+            # FSDP2: the models are sharded (and the optimizers pointed at the shards) together
+            args = tuple(self._sharding.shard(self, args))
         result = [
             self._prepare_one(obj, placement, schedulers=False)
             for obj, placement in zip(args, device_placement, strict=True)
@@ -436,6 +453,12 @@ class Accelerator:
         if getattr(model, "_is_accel_prepared", False):
             self._register_prepared(model)
             return model
+        if self._sharding is not None and not evaluation_mode:
+            # FSDP2: mixed precision is the plugin's policy, and the sharded model is its own wrapper
+            sharded = self._sharding.shard_model(self, model)
+            _mark_prepared(sharded)
+            self._models.append(sharded)
+            return sharded
         if device_placement is None:
             device_placement = self.device_placement
         # torch.compile's wrapper: typed Any, its module attribute is not in torch's stubs
@@ -550,7 +573,12 @@ class Accelerator:
         )
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """The state dict of `model` without DDP's key prefix (`unwrap_model`: a compiled model keeps its own)."""
+        """The state dict of `model` without DDP's key prefix (`unwrap_model`: a compiled model keeps its own).
+
+        With FSDP2, the full weights gathered on rank 0's CPU (an empty dict on the other ranks).
+        """
+        if self._sharding is not None:
+            return self._sharding.full_state_dict(model)
         return (self.unwrap_model(model) if unwrap else model).state_dict()
 
     # -- the training step -------------------------------------------------------------------
@@ -577,6 +605,10 @@ class Accelerator:
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
         """Skip the gradient synchronisation of `model` in this block (accumulating locally)."""
+        if self._sharding is not None:
+            with self._sharding.no_sync(model):
+                yield
+            return
         context = getattr(model, "no_sync", None) if self.use_distributed else None
         if context is None:
             yield
@@ -640,8 +672,11 @@ class Accelerator:
                 opt.unscale_gradients()
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """`torch.nn.utils.clip_grad_norm_` on the final (unscaled) gradients; returns the total norm."""
+        """`torch.nn.utils.clip_grad_norm_` on the final (unscaled) gradients; returns the total norm
+        (over every shard with FSDP2)."""
         self.unscale_gradients()
+        if self._sharding is not None:
+            return self._sharding.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
@@ -749,9 +784,13 @@ class Accelerator:
             raise ValueError(f"save_model needs a directory, but {os.fspath(save_directory)!r} is a file")
         if any(p.device.type == "meta" for p in model.parameters()):
             raise RuntimeError("save_model: some parameters are on the meta device (not materialised); load them first")
-        write_model_weights(
+        if self._sharding is not None:
+            weights = self._sharding.full_state_dict(model)  # gathered on rank 0, which writes
+        else:
             # bare names, also for a torch.compile'd model: what from_pretrained & co. expect
-            self.unwrap_model(model, keep_torch_compile=False).state_dict(),
+            weights = self.unwrap_model(model, keep_torch_compile=False).state_dict()
+        write_model_weights(
+            weights,
             os.fspath(save_directory),
             max_shard_size=max_shard_size,
             safe_serialization=safe_serialization,
@@ -845,13 +884,20 @@ class Accelerator:
         # The user's models and their bare state dicts (no `module.` prefix), as Accelerate keeps
         # and saves them; the hooks may remove weights they save their own way.
         models = [self.unwrap_model(m) for m in self._models]
-        weights = [m.state_dict() for m in models]
+        optimizers: list[AcceleratedOptimizer] = self._optimizers
+        if self._sharding is not None:
+            # FSDP2: models and optimizers in Accelerate's FSDP layout; the hooks see no weights (as there)
+            self._sharding.save_models(self, output_dir, self._models, self._optimizers)
+            weights: list[dict[str, Any]] = []
+            optimizers = []
+        else:
+            weights = [m.state_dict() for m in models]
         for hook in self._save_model_state_pre_hook.values():
             hook(models, weights, output_dir)
         checkpointing.save_checkpoint(
             output_dir,
             model_states=weights,
-            optimizers=self._optimizers,
+            optimizers=optimizers,
             schedulers=self._schedulers,
             dataloaders=self._dataloaders,
             custom_objects=self._custom_objects,
@@ -899,11 +945,16 @@ class Accelerator:
         models = [self.unwrap_model(m) for m in self._models]
         for hook in self._load_model_state_pre_hook.values():
             hook(models, input_dir)
+        # the bare modules: saved names with or without wrapper prefixes match theirs
+        bare = [self.unwrap_model(m, keep_torch_compile=False) for m in models]
+        optimizers: list[AcceleratedOptimizer] = self._optimizers
+        if self._sharding is not None:
+            self._sharding.load_models(self, input_dir, self._models, self._optimizers)
+            bare, optimizers = [], []
         states = checkpointing.load_checkpoint(
             input_dir,
-            # the bare modules: saved names with or without wrapper prefixes match theirs
-            models=[self.unwrap_model(m, keep_torch_compile=False) for m in models],
-            optimizers=self._optimizers,
+            models=bare,
+            optimizers=optimizers,
             schedulers=self._schedulers,
             dataloaders=self._dataloaders,
             custom_objects=self._custom_objects,

@@ -284,17 +284,25 @@ class AcceleratorState(_Topology):
     is_last_process: bool
 
     def __init__(
-        self, mixed_precision: str | None = None, cpu: bool = False, _from_accelerator: bool = False, **kwargs: Any
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        _from_accelerator: bool = False,
+        fsdp_plugin: Any = None,
+        **kwargs: Any,
     ) -> None:
         self.__dict__ = self._shared_state
         partial = PartialState(cpu, **kwargs)
         requested = _check_precision(mixed_precision) if mixed_precision is not None else None
         if not self._shared_state:
+            precision = requested or _check_precision(os.environ.get(MIXED_PRECISION_ENV, "no"))
             self._shared_state.update(
                 partial=partial,
-                _mixed_precision=requested or _check_precision(os.environ.get(MIXED_PRECISION_ENV, "no")),
+                _mixed_precision=precision,
                 initialized=_from_accelerator,
+                fsdp_plugin=None,
             )
+            self._setup_sharding(partial, fsdp_plugin, precision)
             return
         if _from_accelerator and requested is not None and requested != self._mixed_precision and self.initialized:
             raise ValueError(
@@ -304,6 +312,30 @@ class AcceleratorState(_Topology):
         if requested is not None:
             self._mixed_precision = requested
         self.initialized = self.initialized or _from_accelerator
+
+    def _setup_sharding(self, partial: PartialState, fsdp_plugin: Any, precision: str) -> None:
+        """Run as `DistributedType.FSDP` when a plugin (or `ACCELERATE_USE_FSDP`) asks for it on hardware that
+        shards (GPUs, several processes), as Accelerate does; elsewhere the plugin is kept and not used."""
+        if fsdp_plugin is None and (env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCEL_USE_FSDP")):
+            from accel.utils.dataclasses import FullyShardedDataParallelPlugin
+
+            fsdp_plugin = FullyShardedDataParallelPlugin()
+        if fsdp_plugin is None:
+            return
+        if partial.hardware.supports_fsdp and partial.num_processes > 1:
+            from accel.fsdp import check_version
+
+            check_version(fsdp_plugin)
+            if precision != "no":
+                fsdp_plugin.set_mixed_precision(precision)
+            self._shared_state["distributed_type"] = DistributedType.FSDP
+        self._shared_state["fsdp_plugin"] = fsdp_plugin
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """Whether this run shards with FSDP2 (`DistributedType.FSDP`, plugin version 2)."""
+        plugin = self._shared_state.get("fsdp_plugin")
+        return self.distributed_type == DistributedType.FSDP and getattr(plugin, "fsdp_version", None) == 2
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         _join_shared_state(self, state)

@@ -585,7 +585,8 @@ def test_join_helpers_say_what_is_missing():
     from accel.joining import join_ddp_models, join_optimizer_steps
     from accel.state import active_backend
 
-    with pytest.raises(ValueError, match="prepare an optimizer"), join_optimizer_steps([], active_backend()):
+    # as Accelerate proceeds where it cannot join: a warning saying what is not joined
+    with pytest.warns(UserWarning, match="no optimizer was prepared"), join_optimizer_steps([], active_backend()):
         pass
     # as Accelerate: a model that is not DistributedDataParallel gets a warning, not an error
     with pytest.warns(UserWarning, match="DistributedDataParallel models"), join_ddp_models([make_model()]):

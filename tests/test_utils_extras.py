@@ -305,7 +305,7 @@ def test_unsupported_types_fail_clearly(member):
             member.require_supported()
 
 
-@pytest.mark.parametrize("variable", ["ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "ACCEL_USE_MEGATRON_LM"])
+@pytest.mark.parametrize("variable", ["ACCELERATE_USE_DEEPSPEED", "ACCEL_USE_MEGATRON_LM"])
 def test_a_run_asking_for_an_engine_we_lack_is_refused(monkeypatch, variable):
     monkeypatch.setenv(variable, "true")
     with pytest.raises(NotImplementedError, match=f"{variable}=true asks for it"):
@@ -631,3 +631,47 @@ def test_copy_tensor_to_devices_on_one_process():
     assert copy_tensor_to_devices(torch.tensor([1, 2, 3])).tolist() == [1, 2, 3]
     with pytest.raises(ValueError, match="passed None"):
         copy_tensor_to_devices(None)
+
+
+def test_accelerate_use_fsdp_asks_for_the_plugin_from_the_environment(monkeypatch):
+    from accel.state import AcceleratorState
+    from accel.utils import FullyShardedDataParallelPlugin
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", "SIZE_BASED_WRAP")
+    monkeypatch.setenv("FSDP_MIN_NUM_PARAMS", "1000")
+    state = AcceleratorState()
+    plugin = state.fsdp_plugin
+    assert isinstance(plugin, FullyShardedDataParallelPlugin) and plugin.min_num_params == 1000
+    assert state.distributed_type == DistributedType.NO  # one process: nothing to shard, as Accelerate
+
+
+def test_fsdp_plugin_fields_equal_accelerates(monkeypatch):
+    from accelerate.utils import FullyShardedDataParallelPlugin as Peer
+
+    from accel.utils import FullyShardedDataParallelPlugin
+
+    for name in list(os.environ):
+        if name.startswith("FSDP_"):
+            monkeypatch.delenv(name)
+    cases = [
+        {"fsdp_version": 2},
+        {"fsdp_version": 2, "auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["Block"]},
+        {"fsdp_version": 2, "auto_wrap_policy": "size_based_wrap", "min_num_params": 10, "reshard_after_forward": False},
+        {"fsdp_version": 2, "mixed_precision_policy": "bf16", "state_dict_type": "FULL_STATE_DICT", "cpu_offload": True},
+        {"fsdp_version": 2, "activation_checkpointing": True, "cpu_ram_efficient_loading": True},
+    ]
+    for fields in cases:
+        assert repr(FullyShardedDataParallelPlugin(**fields)) == repr(Peer(**fields)), fields
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
+    monkeypatch.setenv("FSDP_STATE_DICT_TYPE", "FULL_STATE_DICT")
+    monkeypatch.setenv("FSDP_ACTIVATION_CHECKPOINTING", "true")
+    monkeypatch.setenv("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP")
+    monkeypatch.setenv("FSDP_TRANSFORMER_CLS_TO_WRAP", "Block,Layer")
+    assert repr(FullyShardedDataParallelPlugin()) == repr(Peer())
+    with pytest.raises(ValueError, match="Invalid auto wrap policy"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="everything")
+    with pytest.raises(ValueError, match="FSDP2 does not support LOCAL_STATE_DICT"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="LOCAL_STATE_DICT")

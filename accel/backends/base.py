@@ -35,6 +35,8 @@ class Backend:
     single_process_type: DistributedType = DistributedType.NO
     #: higher wins when several backends are available
     priority: int = 0
+    #: whether a multi-process run may shard models with FSDP2 (`DistributedType.FSDP`), as on GPUs
+    supports_fsdp: bool = False
 
     @classmethod
     def is_available(cls) -> bool:

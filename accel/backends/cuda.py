@@ -23,6 +23,7 @@ class CUDABackend(Backend):
     autocast_device_type = "cuda"
     multi_process_type = DistributedType.MULTI_GPU
     priority = 10
+    supports_fsdp = True
 
     @classmethod
     def is_available(cls) -> bool:

@@ -187,6 +187,7 @@ _EXPORTS = {
         "ProjectConfiguration",
         "TorchDynamoPlugin",
         "DynamoBackend",
+        "FullyShardedDataParallelPlugin",
     ],
 }
 
@@ -384,6 +385,7 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
         ProjectConfiguration as ProjectConfiguration,
         TorchDynamoPlugin as TorchDynamoPlugin,
         DynamoBackend as DynamoBackend,
+        FullyShardedDataParallelPlugin as FullyShardedDataParallelPlugin,
     )
 # isort: on
 

@@ -48,7 +48,7 @@ class DistributedType(_StrEnum):
     @classmethod
     def supported(cls) -> tuple[DistributedType, ...]:
         """The kinds of run accel can carry out."""
-        return (cls.NO, cls.MULTI_CPU, cls.MULTI_GPU, cls.XLA)
+        return (cls.NO, cls.MULTI_CPU, cls.MULTI_GPU, cls.XLA, cls.FSDP)
 
     def require_supported(self, reason: str = "") -> DistributedType:
         """Return this member if accel can run it; otherwise raise NotImplementedError saying what to do."""
@@ -65,7 +65,6 @@ class DistributedType(_StrEnum):
 #: environment variables (of Accelerate, or ours) that ask for an engine accel does not have
 UNSUPPORTED_ENGINE_ENV = {
     "USE_DEEPSPEED": DistributedType.DEEPSPEED,
-    "USE_FSDP": DistributedType.FSDP,
     "USE_MEGATRON_LM": DistributedType.MEGATRON_LM,
 }
 
@@ -482,3 +481,227 @@ def _coerce(enum_cls: type[_StrEnum], value: Any, owner: str, field: str) -> Any
         return enum_cls(value)
     except ValueError:
         raise ValueError(f"{owner}.{field}={value!r} is not supported; use one of {enum_cls.list()}") from None
+
+
+_FSDP_ENV = "FSDP_"
+_FSDP_SHARDING = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
+_FSDP_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
+_FSDP_WRAP_POLICIES = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
+_FSDP_PRECISIONS = {"fp8": "bfloat16", "fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+def _env_bool(name: str, default: str = "False") -> bool:
+    from accel.utils.environment import str_to_bool
+
+    return str_to_bool(os.environ.get(name, default)) == 1
+
+
+@dataclasses.dataclass
+class FullyShardedDataParallelPlugin:
+    """Fully sharded data parallelism (FSDP2, `torch.distributed.fsdp.fully_shard`), with Accelerate's fields.
+
+    Fields left as None are read from the `FSDP_*` environment that `accel launch --use_fsdp
+    --fsdp_*` (or `accelerate launch`) sets, with Accelerate's defaults. accel runs
+    `fsdp_version=2`; a plugin asking for version 1 (the `FullyShardedDataParallel` wrapper)
+    can be built, but `Accelerator` refuses it (see `accel.fsdp`).
+
+    - `reshard_after_forward`: free the gathered parameters after each forward (bool).
+    - `auto_wrap_policy`: "transformer_based_wrap" (shard each module whose class is named in
+      `transformer_cls_names_to_wrap`, default the model's `_no_split_modules`),
+      "size_based_wrap" (each module with more than `min_num_params` parameters), "no_wrap",
+      or torch's `transformer_auto_wrap_policy` / `size_based_auto_wrap_policy`.
+    - `mixed_precision_policy`: a `torch.distributed.fsdp.MixedPrecisionPolicy`, a dict of its
+      fields, or "bf16" / "fp16" / "fp32" (default: from the Accelerator's mixed precision).
+    - `cpu_offload`: keep the sharded parameters on the CPU (bool or `CPUOffloadPolicy`).
+    - `state_dict_type`: "SHARDED_STATE_DICT" (default for version 2: `save_state` writes a
+      distributed checkpoint) or "FULL_STATE_DICT" (one file written by rank 0).
+    - `cpu_ram_efficient_loading`: rank 0's weights are broadcast into the sharded model (the
+      other ranks may hold empty weights).
+    - `activation_checkpointing`: recompute the activations of each wrapped layer in backward.
+    """
+
+    fsdp_version: int | None = None
+    sharding_strategy: Any = None
+    reshard_after_forward: Any = None
+    backward_prefetch: Any = None
+    mixed_precision_policy: Any = None
+    auto_wrap_policy: Any = None
+    cpu_offload: Any = None
+    ignored_modules: Any = None
+    state_dict_type: Any = None
+    state_dict_config: Any = None
+    optim_state_dict_config: Any = None
+    limit_all_gathers: bool = True
+    use_orig_params: bool | None = None
+    param_init_fn: Callable[[Any], None] | None = None
+    sync_module_states: bool | None = None
+    forward_prefetch: bool | None = None
+    activation_checkpointing: bool | None = None
+    activation_checkpointing_offload: bool | None = None
+    cpu_ram_efficient_loading: bool | None = None
+    transformer_cls_names_to_wrap: list[str] | None = None
+    min_num_params: int | None = None
+
+    def __post_init__(self) -> None:
+        env = os.environ
+        if self.fsdp_version is None:
+            self.fsdp_version = int(env.get(_FSDP_ENV + "VERSION", "1"))
+        if self.fsdp_version not in (1, 2):
+            raise ValueError(f"FullyShardedDataParallelPlugin.fsdp_version must be 1 or 2, got {self.fsdp_version!r}")
+        two = self.fsdp_version == 2
+        if not two and self.sharding_strategy is None:
+            self.sharding_strategy = env.get(_FSDP_ENV + "SHARDING_STRATEGY", "FULL_SHARD")
+        if self.reshard_after_forward is None and self.sharding_strategy is None:
+            self.reshard_after_forward = env.get(_FSDP_ENV + "RESHARD_AFTER_FORWARD", "true" if two else "FULL_SHARD")
+        if two:
+            if isinstance(self.reshard_after_forward, str):
+                from accel.utils.environment import str_to_bool
+
+                self.reshard_after_forward = str_to_bool(self.reshard_after_forward.lower(), to_bool=True)
+            if self.reshard_after_forward is None and self.sharding_strategy is not None:
+                # the FSDP1 spelling: FULL_SHARD frees the gathered parameters after forward, the others keep them
+                name = str(getattr(self.sharding_strategy, "name", self.sharding_strategy)).upper()
+                self.reshard_after_forward = name in ("FULL_SHARD", "1", "HYBRID_SHARD", "4")
+            if not isinstance(self.reshard_after_forward, bool):
+                raise ValueError(
+                    f"reshard_after_forward set to {self.reshard_after_forward!r}: FSDP2 takes a bool (True frees the "
+                    "gathered parameters after forward)"
+                )
+        if self.cpu_offload is None:
+            self.cpu_offload = _env_bool(_FSDP_ENV + "OFFLOAD_PARAMS")
+        if two and isinstance(self.cpu_offload, bool):
+            from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+            self.cpu_offload = CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()
+        if self.backward_prefetch is None:
+            self.backward_prefetch = env.get(_FSDP_ENV + "BACKWARD_PREFETCH")
+        if isinstance(self.backward_prefetch, str) and self.backward_prefetch.upper() == "NO_PREFETCH":
+            self.backward_prefetch = None
+        if two and self.backward_prefetch is not None:
+            self.backward_prefetch = None  # FSDP2 prefetches on its own (Accelerate drops it too, with a warning)
+        self.set_state_dict_type()
+        if self.auto_wrap_policy is None:
+            self.auto_wrap_policy = env.get(_FSDP_ENV + "AUTO_WRAP_POLICY", "NO_WRAP")
+        if isinstance(self.auto_wrap_policy, str):
+            policy = self.auto_wrap_policy.upper()
+            if policy not in _FSDP_WRAP_POLICIES:
+                raise ValueError(
+                    f"Invalid auto wrap policy: {self.auto_wrap_policy}. Must be one of {_FSDP_WRAP_POLICIES}"
+                )
+            from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
+            if policy == "TRANSFORMER_BASED_WRAP":
+                self.auto_wrap_policy = transformer_auto_wrap_policy
+                if self.transformer_cls_names_to_wrap is None and env.get(_FSDP_ENV + "TRANSFORMER_CLS_TO_WRAP"):
+                    self.transformer_cls_names_to_wrap = env[_FSDP_ENV + "TRANSFORMER_CLS_TO_WRAP"].split(",")
+            elif policy == "SIZE_BASED_WRAP":
+                self.auto_wrap_policy = size_based_auto_wrap_policy
+                if self.min_num_params is None:
+                    self.min_num_params = int(env.get(_FSDP_ENV + "MIN_NUM_PARAMS", 0))
+            else:
+                self.auto_wrap_policy = None
+        if isinstance(self.transformer_cls_names_to_wrap, str):
+            self.transformer_cls_names_to_wrap = self.transformer_cls_names_to_wrap.split(",")
+        if self.min_num_params is not None and not isinstance(self.min_num_params, int):
+            raise ValueError(f"`min_num_params` must be an integer. Got {self.min_num_params!r}")
+        if two:
+            # obsolete in FSDP2 (Accelerate drops them too)
+            self.use_orig_params = None
+            self.sync_module_states = None
+            if self.forward_prefetch:
+                raise ValueError(
+                    "forward_prefetch is not yet implemented in FSDP2, set to None or use `fsdp_version=1`"
+                )
+            self.forward_prefetch = None
+        else:
+            if self.use_orig_params is None:
+                self.use_orig_params = _env_bool(_FSDP_ENV + "USE_ORIG_PARAMS")
+            if self.sync_module_states is None:
+                self.sync_module_states = _env_bool(_FSDP_ENV + "SYNC_MODULE_STATES")
+            if self.forward_prefetch is None:
+                self.forward_prefetch = _env_bool(_FSDP_ENV + "FORWARD_PREFETCH")
+        if self.activation_checkpointing is None:
+            self.activation_checkpointing = _env_bool(_FSDP_ENV + "ACTIVATION_CHECKPOINTING")
+        if self.activation_checkpointing_offload is None:
+            self.activation_checkpointing_offload = _env_bool(_FSDP_ENV + "ACTIVATION_CHECKPOINTING_OFFLOAD")
+        if self.activation_checkpointing_offload and not self.activation_checkpointing:
+            raise ValueError("`activation_checkpointing_offload=True` requires `activation_checkpointing=True`.")
+        if self.activation_checkpointing_offload and not two:
+            raise ValueError("`activation_checkpointing_offload=True` requires `fsdp_version=2`.")
+        if self.ignored_modules is None:
+            self.ignored_modules = env.get(_FSDP_ENV + "IGNORED_MODULES")
+        if self.cpu_ram_efficient_loading is None:
+            self.cpu_ram_efficient_loading = _env_bool(_FSDP_ENV + "CPU_RAM_EFFICIENT_LOADING")
+        else:
+            # Transformers reads it when loading weights
+            os.environ[_FSDP_ENV + "CPU_RAM_EFFICIENT_LOADING"] = str(self.cpu_ram_efficient_loading)
+        if not two and self.cpu_ram_efficient_loading:
+            self.sync_module_states = True
+        if isinstance(self.mixed_precision_policy, str):
+            self.set_mixed_precision(self.mixed_precision_policy, override=True)
+        elif isinstance(self.mixed_precision_policy, dict):
+            self.set_mixed_precision(self.mixed_precision_policy)
+
+    def set_state_dict_type(self, state_dict_type: Any = None) -> None:
+        """Set `state_dict_type` (a name or torch's `StateDictType`) and the matching configs."""
+        from torch.distributed.fsdp import (
+            FullOptimStateDictConfig,
+            FullStateDictConfig,
+            ShardedOptimStateDictConfig,
+            ShardedStateDictConfig,
+            StateDictType,
+        )
+
+        if state_dict_type is not None:
+            self.state_dict_type = state_dict_type
+        if self.state_dict_type is None:
+            default = "FULL_STATE_DICT" if self.fsdp_version == 1 else "SHARDED_STATE_DICT"
+            self.state_dict_type = os.environ.get(_FSDP_ENV + "STATE_DICT_TYPE", default)
+        if isinstance(self.state_dict_type, str):
+            name = self.state_dict_type
+            self.state_dict_type = StateDictType(int(name)) if name.isdigit() else StateDictType[name.upper()]
+        if self.state_dict_type == StateDictType.FULL_STATE_DICT:
+            if self.state_dict_config is None:
+                self.state_dict_config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+            if self.optim_state_dict_config is None:
+                self.optim_state_dict_config = FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=True)
+        elif self.state_dict_type == StateDictType.SHARDED_STATE_DICT:
+            if self.state_dict_config is None:
+                self.state_dict_config = ShardedStateDictConfig(offload_to_cpu=True)
+            if self.optim_state_dict_config is None:
+                self.optim_state_dict_config = ShardedOptimStateDictConfig(offload_to_cpu=True)
+        if self.fsdp_version == 2 and self.state_dict_type == StateDictType.LOCAL_STATE_DICT:
+            raise ValueError(
+                "FSDP2 does not support LOCAL_STATE_DICT. Please set `fsdp_state_dict_type` to `SHARDED_STATE_DICT` or "
+                "`FULL_STATE_DICT`."
+            )
+
+    def set_mixed_precision(self, mixed_precision: Any, buffer_autocast: bool = False, override: bool = False) -> None:
+        """Set the mixed precision policy from "bf16" / "fp16" / "fp32" / "fp8" or a dtype (kept when one is set,
+        unless `override`); a dict policy becomes torch's policy object."""
+        import torch
+
+        dtypes = {name: getattr(torch, dtype) for name, dtype in _FSDP_PRECISIONS.items()}
+        dtype = mixed_precision
+        if isinstance(mixed_precision, str):
+            dtype = dtypes.get(mixed_precision)
+            if dtype is None:
+                raise ValueError(f"Invalid mixed precision: {mixed_precision}. Must be one of {list(dtypes)}")
+        from torch.distributed.fsdp import MixedPrecision, MixedPrecisionPolicy
+
+        Policy: Any = MixedPrecisionPolicy if self.fsdp_version == 2 else MixedPrecision
+        if override or self.mixed_precision_policy is None:
+            fields: dict[str, Any] = {"param_dtype": dtype, "reduce_dtype": dtype}
+            if self.fsdp_version == 2:
+                fields["output_dtype"] = dtype
+            else:
+                fields["buffer_dtype"] = torch.float32 if buffer_autocast else dtype
+            self.mixed_precision_policy = Policy(**fields)
+        elif isinstance(self.mixed_precision_policy, dict):
+            self.mixed_precision_policy = Policy(**self.mixed_precision_policy)
+
+    def set_auto_wrap_policy(self, model: Any) -> None:
+        """Check that the classes named in `transformer_cls_names_to_wrap` exist in `model` (Accelerate's hook)."""
+        from accel.fsdp import auto_wrap_predicate
+
+        auto_wrap_predicate(self, model)
