@@ -494,6 +494,19 @@ def test_put_on_device_moves_every_leaf_and_keeps_the_container(kind):
     assert placed(on_meta) is on_meta  # already there: the very same batch
 
 
+def test_put_on_the_cpu_hands_on_batches_already_there_and_walks_the_others():
+    loader = prepare_data_loader(
+        DataLoader(list(range(4)), batch_size=2), device=torch.device("cpu"), put_on_device=True
+    )
+    place = loader._placer()
+    x, y = torch.zeros(2), torch.ones(2)
+    for batch in ((x, y), [x, y], {"x": x, "y": y}, x):
+        assert place(batch) is batch
+    nested = {"x": x, "pair": [y, "label"], "n": 3}
+    placed = place(nested)
+    assert placed["x"] is x and placed["pair"][0] is y and placed["pair"][1] == "label" and placed["n"] == 3
+
+
 # -- skipping ----------------------------------------------------------------------------------
 
 
