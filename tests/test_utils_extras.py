@@ -657,9 +657,19 @@ def test_fsdp_plugin_fields_equal_accelerates(monkeypatch):
             monkeypatch.delenv(name)
     cases = [
         {"fsdp_version": 2},
-        {"fsdp_version": 2, "auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["Block"]},
-        {"fsdp_version": 2, "auto_wrap_policy": "size_based_wrap", "min_num_params": 10, "reshard_after_forward": False},
-        {"fsdp_version": 2, "mixed_precision_policy": "bf16", "state_dict_type": "FULL_STATE_DICT", "cpu_offload": True},
+        {"fsdp_version": 2, "auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["B"]},
+        {
+            "fsdp_version": 2,
+            "auto_wrap_policy": "size_based_wrap",
+            "min_num_params": 10,
+            "reshard_after_forward": False,
+        },
+        {
+            "fsdp_version": 2,
+            "mixed_precision_policy": "bf16",
+            "state_dict_type": "FULL_STATE_DICT",
+            "cpu_offload": True,
+        },
         {"fsdp_version": 2, "activation_checkpointing": True, "cpu_ram_efficient_loading": True},
     ]
     for fields in cases:
