@@ -62,6 +62,12 @@ def average_gradients(optimizer: torch.optim.Optimizer, hardware: Any, num_proce
             offset += grad.numel()
 
 
+def _set_to_none_parameter(zero_grad: Any) -> tuple[bool, bool]:
+    """Whether `zero_grad` takes `set_to_none`, and whether it defaults to True."""
+    parameter = inspect.signature(zero_grad).parameters.get("set_to_none")
+    return parameter is not None, parameter is not None and parameter.default is True
+
+
 def _has_tensors(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
@@ -102,8 +108,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         # Set by Accelerator.join_uneven_inputs when the hardware joins uneven inputs
         # itself: called before each real step so that joined ranks can shadow it.
         self._join_notify = None
-        #: (zero_grad function, whether it takes set_to_none), see _takes_set_to_none
-        self._zero_grad_signature: tuple[Any, bool] | None = None
+        #: (zero_grad function, whether it takes set_to_none, whether that defaults to True), see zero_grad
+        self._zero_grad_signature: tuple[Any, bool, bool] | None = None
         if device_placement and _has_tensors(optimizer.state_dict()["state"]):
             self.optimizer.load_state_dict(move_to_device(optimizer.state_dict(), self.accelerator_state.device))
 
@@ -185,7 +191,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if not self.gradient_state.sync_gradients:
             return
         zero_grad = self.optimizer.zero_grad
-        if self._takes_set_to_none(zero_grad):
+        # inspect.signature costs more than the zero_grad it inspects: look once per function,
+        # again only if the optimizer's zero_grad is replaced (patched, or another optimizer).
+        function = getattr(zero_grad, "__func__", zero_grad)
+        known = self._zero_grad_signature
+        if known is None or known[0] is not function:
+            known = self._zero_grad_signature = (function, *_set_to_none_parameter(zero_grad))
+        _, takes_set_to_none, true_by_default = known
+        if set_to_none is None and true_by_default:
+            zero_grad()  # set_to_none=True, as the call a hand-written loop makes
+        elif takes_set_to_none:
             zero_grad(set_to_none=True if set_to_none is None else set_to_none)
         elif set_to_none is not None:
             raise ValueError(
@@ -194,16 +209,6 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             )
         else:
             zero_grad()
-
-    def _takes_set_to_none(self, zero_grad: Any) -> bool:
-        # inspect.signature costs more than the zero_grad it inspects: look once per function,
-        # again only if the optimizer's zero_grad is replaced (patched, or another optimizer).
-        function = getattr(zero_grad, "__func__", zero_grad)
-        known = self._zero_grad_signature
-        if known is None or known[0] is not function:
-            known = (function, "set_to_none" in inspect.signature(zero_grad).parameters)
-            self._zero_grad_signature = known
-        return known[1]
 
     def _notify_join(self) -> None:
         # Inside join_uneven_inputs' fallback: tell the joined ranks, once per step and
