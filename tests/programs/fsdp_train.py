@@ -1,0 +1,105 @@
+"""One FSDP2 training script for Accelerate and accel alike (`--lib accelerate` or `--lib accel`).
+
+A small transformer-like model (residual blocks wrapped by class name), AdamW, gradient
+accumulation and clipping, a sharded checkpoint half-way (`save_state`), then the rest of the
+training. With `--resume_from DIR` it loads that checkpoint (written by either library) and
+trains the second half only. Rank 0 saves the final full weights (`get_state_dict`) to
+`--out/weights.pt` and prints one `RESULT {...}` line (JSON) with the losses.
+"""
+
+import argparse
+import importlib
+import json
+import os
+
+import torch
+from torch import nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--lib", choices=["accelerate", "accel"], required=True)
+parser.add_argument("--mixed_precision", default="no")
+parser.add_argument("--state_dict_type", default="SHARDED_STATE_DICT")
+parser.add_argument("--resume_from", default=None)
+parser.add_argument("--out", required=True)
+args = parser.parse_args()
+
+lib = importlib.import_module(args.lib)
+utils = importlib.import_module(f"{args.lib}.utils")
+
+WIDTH, STEPS, HALF, PER_RANK = 16, 8, 4, 4
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.up = nn.Linear(WIDTH, 2 * WIDTH)
+        self.down = nn.Linear(2 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, WIDTH)
+        self.blocks = nn.Sequential(*(Block() for _ in range(3)))
+        self.head = nn.Linear(WIDTH, 1)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.embed(x)))
+
+
+plugin = utils.FullyShardedDataParallelPlugin(
+    fsdp_version=2,
+    auto_wrap_policy="transformer_based_wrap",
+    transformer_cls_names_to_wrap=["Block"],
+    state_dict_type=args.state_dict_type,
+)
+accelerator = lib.Accelerator(mixed_precision=args.mixed_precision, gradient_accumulation_steps=2, fsdp_plugin=plugin)
+torch.manual_seed(0)
+model = Net()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+model, optimizer = accelerator.prepare(model, optimizer)
+
+world, rank = accelerator.num_processes, accelerator.process_index
+generator = torch.Generator().manual_seed(1)
+x = torch.randn(STEPS, world * PER_RANK, 4, generator=generator)
+y = (x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])).tanh()
+
+
+def run(steps):
+    losses = []
+    for step in steps:
+        inputs = x[step, rank * PER_RANK : (rank + 1) * PER_RANK].to(accelerator.device)
+        targets = y[step, rank * PER_RANK : (rank + 1) * PER_RANK].to(accelerator.device)
+        with accelerator.accumulate(model):
+            loss = nn.functional.mse_loss(model(inputs).float(), targets)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(model.parameters(), 0.5)
+            optimizer.step()
+            optimizer.zero_grad()
+        losses.append(accelerator.reduce(loss.detach(), "mean").item())
+    return losses
+
+
+if args.resume_from:
+    accelerator.load_state(args.resume_from)
+    losses = run(range(HALF, STEPS))
+else:
+    losses = run(range(HALF))
+    accelerator.save_state(os.path.join(args.out, "checkpoint"))
+    losses += run(range(HALF, STEPS))
+weights = {k: v.detach().float().cpu() for k, v in accelerator.get_state_dict(model).items()}
+if accelerator.is_main_process:
+    os.makedirs(args.out, exist_ok=True)
+    torch.save(weights, os.path.join(args.out, "weights.pt"))
+    result = {
+        "distributed_type": str(accelerator.distributed_type),
+        "param_type": type(next(model.parameters())).__name__,
+        "losses": losses,
+    }
+    print("RESULT " + json.dumps(result))
+accelerator.wait_for_everyone()
