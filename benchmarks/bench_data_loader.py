@@ -130,7 +130,7 @@ def rank_main(rounds: int, samples: int, batch: int, prepared_first: bool) -> di
 
 def spread(ratios: list[float]) -> str:
     """Median, quartiles and extremes of `ratios`."""
-    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
     return f"median {median:.3f}  (quartiles {q1:.3f}-{q3:.3f}, range {min(ratios):.3f}-{max(ratios):.3f})"
 
 
@@ -139,7 +139,7 @@ def measure(device: str, launches: int, rounds: int) -> dict[str, float]:
     from accel.sim import launch
 
     merged: dict[str, list[float]] = {}
-    per_launch: list[float] = []
+    per_launch: dict[str, list[float]] = {"cpu": [], "wall": []}
     for number in range(launches):
         results = launch(
             rank_main, args=(rounds, SAMPLES, BATCH, number % 2 == 1), world_size=2, device=device, timeout=600
@@ -147,7 +147,8 @@ def measure(device: str, launches: int, rounds: int) -> dict[str, float]:
         for result in results:
             for key, values in result.items():
                 merged.setdefault(key, []).extend(values)
-        per_launch.append(statistics.median(r for result in results for r in result["cpu_ratio"]))
+        for clock, medians_of_launches in per_launch.items():
+            medians_of_launches.append(statistics.median(r for result in results for r in result[f"{clock}_ratio"]))
     print(
         f"data loader, TensorDataset of {SAMPLES} x (8 floats, 1 int), batch {BATCH}, shuffled, 2 {device} ranks, "
         f"{launches} launches x {rounds} rounds"
@@ -160,7 +161,8 @@ def measure(device: str, launches: int, rounds: int) -> dict[str, float]:
             f"  {clock:>4}: DataLoader+DistributedSampler {theirs * 1e6:6.1f} us/batch, prepared {ours * 1e6:6.1f} "
             f"us/batch; prepared / plain {spread(merged[f'{clock}_ratio'])}"
         )
-    print(f"  cpu ratio, median of each launch: {' '.join(f'{m:.3f}' for m in per_launch)}")
+    for clock, medians_of_launches in per_launch.items():
+        print(f"  {clock} ratio, median of each launch: {' '.join(f'{m:.3f}' for m in medians_of_launches)}")
     return medians
 
 

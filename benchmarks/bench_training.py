@@ -140,7 +140,7 @@ def _rank_main(rounds: int, steps: int, accel_first: bool) -> list[tuple[float, 
 
 def spread(ratios: list[float]) -> str:
     """Median, quartiles and extremes of `ratios`."""
-    q1, median, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
     return f"median {median:.3f}  (quartiles {q1:.3f}-{q3:.3f}, range {min(ratios):.3f}-{max(ratios):.3f})"
 
 
@@ -149,11 +149,12 @@ def measure(device: str, launches: int, rounds: int, steps: int) -> dict[str, fl
     from accel.sim import launch
 
     results: list[tuple[float, float, float, float]] = []
-    per_launch: list[float] = []
+    per_launch: dict[str, list[float]] = {"wall": [], "cpu": []}
     for number in range(launches):
         got = launch(_rank_main, args=(rounds, steps, number % 2 == 1), world_size=2, device=device, timeout=600)[0]
         results += got
-        per_launch.append(statistics.median(acc / raw for raw, acc, _, _ in got))
+        per_launch["wall"].append(statistics.median(acc / raw for raw, acc, _, _ in got))
+        per_launch["cpu"].append(statistics.median(acc / raw for _, _, raw, acc in got))
     print(
         f"training step, MLP {FEATURES}-{HIDDEN}-{HIDDEN}-1, SGD, batch {BATCH}/rank, 2 {device} ranks, "
         f"{launches} launches x {rounds} rounds x {steps} steps"
@@ -168,7 +169,8 @@ def measure(device: str, launches: int, rounds: int, steps: int) -> dict[str, fl
             f"  {clock:>4}: hand-written DDP {raw_ms:.3f} ms/step, accel {acc_ms:.3f} ms/step; "
             f"accel / DDP {spread(ratios)}"
         )
-    print(f"  wall ratio, median of each launch: {' '.join(f'{m:.3f}' for m in per_launch)}")
+    for clock, medians_of_launches in per_launch.items():
+        print(f"  {clock} ratio, median of each launch: {' '.join(f'{m:.3f}' for m in medians_of_launches)}")
     return medians
 
 
