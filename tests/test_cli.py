@@ -130,13 +130,48 @@ def test_accelerate_launch_flags_are_accepted_with_their_meaning():
     }
 
 
+def test_fsdp_flags_give_the_script_accelerates_environment(tmp_path):
+    flags = [
+        "--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
+        "--fsdp_transformer_layer_cls_to_wrap", "Block", "--fsdp_state_dict_type", "FULL_STATE_DICT",
+        "--fsdp_reshard_after_forward", "false", "--fsdp_activation_checkpointing", "true",
+    ]  # fmt: skip
+    env = launch.accel_env(parse(*flags, "t.py"))
+    # what accelerate.utils.launch.prepare_multi_gpu_env sets for these flags (and its defaults for the others)
+    assert {k: v for k, v in env.items() if k.startswith("FSDP_") or k == "ACCELERATE_USE_FSDP"} == {
+        "ACCELERATE_USE_FSDP": "true",
+        "FSDP_VERSION": "2",
+        "FSDP_SHARDING_STRATEGY": "FULL_SHARD",
+        "FSDP_RESHARD_AFTER_FORWARD": "false",
+        "FSDP_OFFLOAD_PARAMS": "false",
+        "FSDP_MIN_NUM_PARAMS": "100000000",
+        "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP",
+        "FSDP_TRANSFORMER_CLS_TO_WRAP": "Block",
+        "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT",
+        "FSDP_FORWARD_PREFETCH": "false",
+        "FSDP_USE_ORIG_PARAMS": "true",
+        "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
+        "FSDP_SYNC_MODULE_STATES": "true",
+        "FSDP_ACTIVATION_CHECKPOINTING": "true",
+        "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "false",
+    }
+    assert env["FSDP_VERSION"] == "2" and env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "Block"
+    assert "ACCELERATE_USE_FSDP" not in launch.accel_env(parse("t.py"))
+    config = tmp_path / "fsdp.yaml"
+    config.write_text(
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: FULL_STATE_DICT\n"
+    )
+    args = parse("--config_file", str(config), "--fsdp_version", "2", "t.py")
+    launch_args.apply_config_file(args)
+    env = launch.accel_env(args)
+    assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_STATE_DICT_TYPE"] == "FULL_STATE_DICT"
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
         (["--use_deepspeed"], "--use_deepspeed: DeepSpeed is not supported"),
         (["--zero_stage", "2"], "--zero_stage: DeepSpeed"),
-        (["--use_fsdp"], "--use_fsdp: FSDP"),
-        (["--fsdp_version", "2"], "--fsdp_version: FSDP"),
         (["--megatron_lm_tp_degree", "2"], "--megatron_lm_tp_degree: Megatron-LM is not supported"),
         (["--fp8_backend", "te"], "FP8"),
         (["--parallelism_config_tp_size", "2"], "ND parallelism"),

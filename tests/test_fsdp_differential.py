@@ -14,8 +14,8 @@ import torch
 PROGRAM = Path(__file__).resolve().parent / "programs" / "fsdp_train.py"
 
 
-def launch(lib, out, *extra, processes=2):
-    command = [sys.executable, "-m", "accel.commands.cli", "launch", "--simulate", "cuda"]
+def launch(lib, out, *extra, processes=2, flags=()):
+    command = [sys.executable, "-m", "accel.commands.cli", "launch", "--simulate", "cuda", *flags]
     command += ["--num_processes", str(processes), str(PROGRAM), "--lib", lib, "--out", str(out), *map(str, extra)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=400)
     output = result.stdout + result.stderr
@@ -73,3 +73,15 @@ def test_fsdp2_on_4_simulated_gpus_equals_accelerate(tmp_path):
     ours, our_weights = launch("accel", tmp_path / "accel", processes=4)
     assert ours["losses"] == pytest.approx(theirs["losses"], rel=1e-6, abs=1e-7)
     assert_same_weights(our_weights, their_weights)
+
+
+def test_fsdp2_from_the_launch_flags(tmp_path):
+    flags = [
+        "--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
+        "--fsdp_transformer_layer_cls_to_wrap", "Block", "--fsdp_state_dict_type", "SHARDED_STATE_DICT",
+    ]  # fmt: skip
+    planned, planned_weights = launch("accel", tmp_path / "plugin")
+    launched, launched_weights = launch("accel", tmp_path / "flags", "--plugin_from_launcher", flags=flags)
+    assert launched["distributed_type"].endswith("FSDP")
+    assert launched["losses"] == pytest.approx(planned["losses"], rel=1e-6, abs=1e-7)
+    assert_same_weights(launched_weights, planned_weights)

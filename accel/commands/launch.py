@@ -58,6 +58,7 @@ def accel_env(args: argparse.Namespace) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(args.num_cpu_threads_per_process)
     if args.downcast_bf16 and args.tpu and args.mixed_precision == "bf16":
         env["XLA_DOWNCAST_BF16"] = "1"  # as Accelerate sets it for TPUs
+    env.update(launch_args.fsdp_env(args))
     return env
 
 

@@ -33,24 +33,6 @@ UNSUPPORTED_FLAGS: dict[str, tuple[str, ...]] = {
         "--deepspeed_multinode_launcher",
         "--deepspeed_moe_layer_cls_names",
     ),
-    "FSDP": (
-        "--use_fsdp",
-        "--fsdp_version",
-        "--fsdp_offload_params",
-        "--fsdp_min_num_params",
-        "--fsdp_sharding_strategy",
-        "--fsdp_reshard_after_forward",
-        "--fsdp_auto_wrap_policy",
-        "--fsdp_transformer_layer_cls_to_wrap",
-        "--fsdp_backward_prefetch",
-        "--fsdp_state_dict_type",
-        "--fsdp_forward_prefetch",
-        "--fsdp_use_orig_params",
-        "--fsdp_cpu_ram_efficient_loading",
-        "--fsdp_sync_module_states",
-        "--fsdp_activation_checkpointing",
-        "--fsdp_activation_checkpointing_offload",
-    ),
     "Megatron-LM": ("--use_megatron_lm",),  # and every --megatron_lm_* flag (see _unsupported_engine)
     "ND parallelism (ParallelismConfig)": ("--use_parallelism_config",),  # and --parallelism_config_*
     "FP8 recipes (Transformer Engine, MS-AMP, torchao)": ("--fp8_backend",),  # and --fp8_*
@@ -60,6 +42,42 @@ UNSUPPORTED_FLAGS: dict[str, tuple[str, ...]] = {
     "CPU affinity (NVIDIA)": ("--enable_cpu_affinity",),
     "Intel extensions (IPEX) and XPU/NPU devices": ("--ipex", "--use_xpu", "--use_npu"),
 }
+#: `accelerate launch`'s FSDP flags (name -> its default), given to the script as the FSDP_* environment
+FSDP_FLAGS: dict[str, str | None] = {
+    "fsdp_version": "1",
+    "fsdp_offload_params": "false",
+    "fsdp_min_num_params": str(int(1e8)),
+    "fsdp_sharding_strategy": "FULL_SHARD",
+    "fsdp_reshard_after_forward": "true",
+    "fsdp_auto_wrap_policy": None,
+    "fsdp_transformer_layer_cls_to_wrap": None,
+    "fsdp_backward_prefetch": None,
+    "fsdp_state_dict_type": None,
+    "fsdp_forward_prefetch": "false",
+    "fsdp_use_orig_params": "true",
+    "fsdp_cpu_ram_efficient_loading": "true",
+    "fsdp_sync_module_states": "true",
+    "fsdp_activation_checkpointing": "false",
+    "fsdp_activation_checkpointing_offload": "false",
+}
+#: environment variable of each FSDP flag, as Accelerate's launcher sets them
+FSDP_ENV = {flag: "FSDP_" + flag[5:].upper() for flag in FSDP_FLAGS}
+FSDP_ENV["fsdp_offload_params"] = "FSDP_OFFLOAD_PARAMS"
+FSDP_ENV["fsdp_transformer_layer_cls_to_wrap"] = "FSDP_TRANSFORMER_CLS_TO_WRAP"
+
+
+def fsdp_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment `--use_fsdp` and the `--fsdp_*` flags give the script (Accelerate's names and values)."""
+    if not getattr(args, "use_fsdp", None):
+        return {}
+    env = {"ACCELERATE_USE_FSDP": "true"}
+    for flag, name in FSDP_ENV.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            env[name] = str(value).lower() if str(value).lower() in ("true", "false") else str(value)
+    return env
+
+
 #: flag prefixes of whole families of unsupported flags (Accelerate has dozens of each)
 UNSUPPORTED_PREFIXES = {
     "--megatron_lm_": "Megatron-LM",
@@ -69,7 +87,6 @@ UNSUPPORTED_PREFIXES = {
 #: Accelerate's config file distributed types we cannot run
 UNSUPPORTED_DISTRIBUTED_TYPES = (
     "DEEPSPEED",
-    "FSDP",
     "MEGATRON_LM",
     "MULTI_NPU",
     "MULTI_XPU",
@@ -200,6 +217,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="inject a fault in the first attempt, e.g. kill:rank=1:collective=3 (see accel.sim.parse_fault)",
     )
 
+    fsdp = parser.add_argument_group("FSDP (FSDP2: fully_shard, see accel.fsdp)")
+    fsdp.add_argument("--use_fsdp", action="store_true", default=None, help="shard models with FSDP (GPUs)")
+    for flag, default in FSDP_FLAGS.items():
+        fsdp.add_argument(f"--{flag}", default=default, help=f"FullyShardedDataParallelPlugin: {flag[5:]}")
+
     unsupported = parser.add_argument_group("Unsupported")
     for what, flags in UNSUPPORTED_FLAGS.items():
         for flag in flags:
@@ -231,6 +253,14 @@ def apply_config_file(args: argparse.Namespace) -> None:
         raise ValueError(f"--config_file {path}: no such file")
     config = _read_config(path)
     kind = str(config.get("distributed_type", "NO")).upper()
+    if kind == "FSDP":
+        # Accelerate's `fsdp_config` keys are the launch flags' names
+        if getattr(args, "use_fsdp", None) is None:
+            args.use_fsdp = True
+        for key, value in (config.get("fsdp_config") or {}).items():
+            # the command line wins: a flag still at its default takes the file's value
+            if key in FSDP_FLAGS and getattr(args, key, None) == FSDP_FLAGS[key]:
+                setattr(args, key, str(value))
     if kind in UNSUPPORTED_DISTRIBUTED_TYPES:
         raise ValueError(f"{path}: distributed_type {kind} is not supported by accel; use MULTI_GPU, MULTI_CPU or XLA")
     dynamo = config.get("dynamo_config") or {}

@@ -21,6 +21,9 @@ parser.add_argument("--mixed_precision", default="no")
 parser.add_argument("--state_dict_type", default="SHARDED_STATE_DICT")
 parser.add_argument("--resume_from", default=None)
 parser.add_argument("--out", required=True)
+parser.add_argument(
+    "--plugin_from_launcher", action="store_true", help="no plugin: `launch --use_fsdp --fsdp_*` sets it"
+)
 args = parser.parse_args()
 
 lib = importlib.import_module(args.lib)
@@ -57,6 +60,8 @@ plugin = utils.FullyShardedDataParallelPlugin(
     transformer_cls_names_to_wrap=["Block"],
     state_dict_type=args.state_dict_type,
 )
+if args.plugin_from_launcher:
+    plugin = None
 accelerator = lib.Accelerator(mixed_precision=args.mixed_precision, gradient_accumulation_steps=2, fsdp_plugin=plugin)
 torch.manual_seed(0)
 model = Net()
