@@ -617,6 +617,29 @@ class Accelerator:
             yield
 
     @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Synchronise gradients in the next `backward` even inside a `no_sync` block (DDP models).
+
+        For a model whose gradients were accumulated under `no_sync`: the backward run in
+        this block reduces everything accumulated so far. No-op on one process or for a
+        model that is not `DistributedDataParallel`.
+        """
+        reducer = getattr(model, "reducer", None)
+        if not self.use_distributed or reducer is None:
+            yield
+            return
+        ddp: Any = model  # DistributedDataParallel's flags are plain attributes, not in nn.Module's typing
+        saved = (ddp.require_backward_grad_sync, ddp.require_forward_param_sync)
+        ddp.require_backward_grad_sync = True
+        ddp.require_forward_param_sync = True
+        # what DDP's forward does when it will synchronise: arm the reducer for this backward
+        reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            ddp.require_backward_grad_sync, ddp.require_forward_param_sync = saved
+
+    @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
         """One batch of gradient accumulation.
 
