@@ -155,6 +155,7 @@ def test_hang_fails_that_test_with_every_live_rank_stack_and_the_session_goes_on
     for rank in (1, 2):
         assert re.search(rf"\[rank {rank}\].*in barrier", hang)
         assert re.search(rf"\[rank {rank}\].*in test_hangs", hang)
+    assert "server.py" not in hang and "forkserver" not in hang  # where ranks came from is machinery
 
 
 def test_lists_parametrize_and_fixtures_reach_every_rank(pytester):

@@ -24,20 +24,29 @@ def test_reset_puts_the_state_back_and_enter_takes_the_tasks_paths(tmp_path, mon
     assert os.getcwd() == str(tmp_path) and sys.path == path
 
 
-def test_a_reset_that_failed_fails_the_next_task():
-    calls = []
+def test_a_reset_that_failed_fails_the_next_task(monkeypatch):
+    slate = CleanSlate(lambda: None)
 
-    def broken_device_reset():
-        calls.append(1)
-        raise OSError("the device would not reset")
+    def broken_logging_restore():
+        raise OSError("a handler would not close")
 
-    slate = CleanSlate(broken_device_reset)
+    monkeypatch.setattr(slate.logging, "restore", broken_logging_restore)
     slate.reset()  # after a task: nothing raised to the task that already answered...
-    assert calls == [1]
     with pytest.raises(RuntimeError, match="could not be put back in its start-up state") as info:
         slate.enter()  # ...the next one fails, saying why
     assert isinstance(info.value.__cause__, OSError)
+    monkeypatch.undo()
     slate.enter()  # said once
+
+
+def test_the_device_is_reset_when_the_next_task_begins_not_after_the_last():
+    # peers may still use its communicators until every rank has answered
+    resets = []
+    slate = CleanSlate(lambda: resets.append(1))
+    slate.reset()
+    assert resets == []
+    slate.enter()
+    assert resets == [1]
 
 
 def test_what_reset_also_calls_fails_the_next_task_too():

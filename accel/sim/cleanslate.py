@@ -9,11 +9,13 @@ filters, torch's process-wide defaults, and process groups created by earlier te
 The default process group is kept: recreating it is the expensive part of a start,
 and `reset_state()` leaves it alone by design.
 
-Most of it (`reset`) is done as soon as the rank has answered a task, while the
-parent reports it, so that the next task does not wait for it; what needs the next
-task (its working directory and import path) or every rank done with the last one
-(destroying the groups it created, which peers may still be using until then) is done
-when the next task begins (`enter`). A reset that failed fails the next task.
+What only concerns this process (`reset`: environment, argv, streams, warnings,
+logging, torch's defaults, accel's state) is put back as soon as the rank has answered
+a task, while the parent reports it, so that the next task does not wait for it. What
+needs the next task (its working directory and import path) or every rank done with the
+last one (destroying the groups it created and resetting the simulated device, whose
+communicators peers may still be using until then), and the seeds, are put back when
+the next task begins (`enter`). A reset that failed fails the next task.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class CleanSlate:
         self.enter(cwd, sys_path)
 
     def enter(self, cwd: str | None = None, sys_path: list[str] | None = None) -> None:
-        """Before a task: raise what the last reset met, take the task's paths, drop earlier tests' groups."""
+        """Before a task (every rank is done with the last): raise what the last reset met, take the
+        task's paths, drop earlier tests' groups, reset the device, seed."""
         error, self._reset_error = self._reset_error, None
         if error is not None:
             raise RuntimeError(
@@ -68,11 +71,17 @@ class CleanSlate:
             sys.path[:] = sys_path
         if cwd is not None and os.getcwd() != cwd:
             os.chdir(cwd)
-        self._destroy_new_groups()
+        if self._destroy_new_groups():
+            # Destroying a group may touch accel's state: put it back once more.
+            from accel.state import reset_state
+
+            reset_state()
+        self._reset_device()
+        seed_everything(SEED)
 
     def reset(self, *also: Callable[[], None]) -> None:
-        """After a task (it has answered): put back everything else, then call `also`; an error is
-        kept for `enter`."""
+        """After a task (it has answered): put back what only concerns this process, then call
+        `also`; an error is kept for `enter`."""
         try:
             self._reset()
             for call in also:
@@ -96,19 +105,23 @@ class CleanSlate:
         from accel.state import reset_state
 
         reset_state()
-        self._reset_device()
-        seed_everything(SEED)
 
-    def _destroy_new_groups(self) -> None:
-        # Groups a test created (dist.new_group, a backend's own object group) would
-        # otherwise pile up test after test, each holding sockets to every peer, until
-        # the rank runs out of file descriptors. Nobody uses them once every rank has
-        # finished the test, which is when this runs; the default group stays.
+    def _destroy_new_groups(self) -> bool:
+        """Destroy the groups earlier tests created; whether there were any.
+
+        Groups a test created (dist.new_group, a backend's own object group) would
+        otherwise pile up test after test, each holding sockets to every peer, until
+        the rank runs out of file descriptors. Nobody uses them once every rank has
+        finished the test, which is when this runs; the default group stays.
+        """
         import torch.distributed as dist
 
+        destroyed = False
         for group in _process_groups():
             if group not in self.groups and group is not dist.GroupMember.WORLD:
                 dist.destroy_process_group(group)
+                destroyed = True
+        return destroyed
 
     def _restore_torch(self) -> None:
         if torch.get_default_dtype() != self.default_dtype:

@@ -33,7 +33,10 @@ import threading
 import time
 from typing import Any
 
-from accel.sim import entry
+from accel.sim import entry, stacks
+
+# A rank's stack ends in the rank server's frames (it was forked there): machinery, not the user's code.
+stacks.hide_in_stacks(os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py"))
 
 #: environment variable turning the rank server off ("0") for the pytest harness
 SERVER_ENV = "ACCEL_SIM_SERVER"

@@ -79,6 +79,8 @@ def serve(config: dict[str, Any], conn: Any, coverage: Any = None) -> None:
     except BaseException as error:  # whatever failed, the parent must hear why
         conn.send(StartError(describe_exception(error)))
         _exit(1)
+    # The first task starts from a reset too (set-up leaves traces, e.g. the device it set).
+    slate.reset()
     conn.send(Ready(os.getpid()))
     # A task must leave the process group as it found it.
     had_group = _group_exists()
