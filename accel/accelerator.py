@@ -849,14 +849,18 @@ class Accelerator:
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Have `save_state` / `load_state` include `objects` (each needs `state_dict` and `load_state_dict`)."""
         invalid = [
-            f"#{i} ({type(obj).__name__})"
-            for i, obj in enumerate(objects)
+            obj
+            for obj in objects
             if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))
         ]
         if invalid:
+            from accel.utils.other import get_pretty_name
+
+            # Accelerate's words ("Item at index i" counts the invalid objects), which its tests check
+            listing = "".join(f"\n\t- Item at index {i}, `{get_pretty_name(obj)}`" for i, obj in enumerate(invalid))
             raise ValueError(
-                "register_for_checkpointing needs objects with `state_dict()` and `load_state_dict()`; "
-                f"these have not: {', '.join(invalid)}"
+                "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. The following "
+                f"inputs are invalid:{listing}"
             )
         self._custom_objects.extend(objects)
 

@@ -685,3 +685,15 @@ def test_fsdp_plugin_fields_equal_accelerates(monkeypatch):
         FullyShardedDataParallelPlugin(fsdp_version=2, auto_wrap_policy="everything")
     with pytest.raises(ValueError, match="FSDP2 does not support LOCAL_STATE_DICT"):
         FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="LOCAL_STATE_DICT")
+
+
+def test_split_batches_validation_says_round_multiple_as_accelerate():
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    from accel.data_loader import BatchSamplerShard, IterableDatasetShard
+
+    batches = BatchSampler(SequentialSampler(range(8)), 3, drop_last=False)
+    with pytest.raises(ValueError, match="round multiple"):
+        BatchSamplerShard(batches, 2, 0, split_batches=True)
+    with pytest.raises(ValueError, match="round multiple"):
+        IterableDatasetShard(range(8), batch_size=3, num_processes=2, split_batches=True)

@@ -116,7 +116,8 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         size = self.batch_size if self.batch_size is not None else getattr(self.batch_sampler, "batch_size", None)
         if split_batches and (size is None or size % self.num_processes != 0):
             raise ValueError(
-                f"split_batches=True needs a batch size that the number of processes divides: batch_size={size} "
+                "split_batches=True needs a batch size that is a round multiple of the number of processes: "
+                f"batch_size={size} "
                 f"cannot be split across num_processes={self.num_processes}. Use a batch size that is a multiple "
                 f"of {self.num_processes}, or split_batches=False."
             )

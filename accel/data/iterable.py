@@ -38,7 +38,8 @@ class IterableDatasetShard(IterableDataset):
             raise ValueError(f"IterableDatasetShard needs a positive batch_size, got {batch_size!r}")
         if split_batches and batch_size % num_processes != 0:
             raise ValueError(
-                f"split_batches=True needs a batch size that the number of processes divides: batch_size={batch_size} "
+                "split_batches=True needs a batch size that is a round multiple of the number of processes: "
+                f"batch_size={batch_size} "
                 f"cannot be split across num_processes={num_processes}. Use a batch size that is a multiple of "
                 f"{num_processes}, or split_batches=False."
             )

@@ -191,7 +191,8 @@ class BatchSamplerShard(Sampler):
                 )
             if self.batch_size % num_processes != 0:
                 raise ValueError(
-                    f"split_batches=True needs a batch size that the number of processes divides: batch_size="
+                    "split_batches=True needs a batch size that is a round multiple of the number of processes: "
+                    "batch_size="
                     f"{self.batch_size} cannot be split across num_processes={num_processes}. Use a batch size that "
                     f"is a multiple of {num_processes}, or split_batches=False."
                 )
