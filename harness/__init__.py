@@ -12,8 +12,9 @@
   so the next `pytest` run (and every `-n N` worker) finds it warm; the first distributed
   test's ranks start while pytest still collects. A session's ranks end with it; the
   server stops after 15 idle minutes (`ACCEL_SIM_SERVER_IDLE` seconds), never serves a
-  project whose files changed, and `ACCEL_SIM_SERVER=0` gives each session its own fork
-  server instead (`python -m accel.sim.server stop` stops this user's servers).
+  project whose files changed, and `ACCEL_SIM_SERVER=0` (the default when `CI` is set)
+  gives each session its own fork server instead (`python -m accel.sim.server stop` stops
+  this user's servers).
 - Arguments: `rank`, `local_rank`, `world_size`, `device`, `tmp_path` (one directory
   shared by all ranks) and `pytest.mark.parametrize` values; lists of `world_size` /
   `device` parametrize. Other fixtures cannot cross into ranks and are refused.

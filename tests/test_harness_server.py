@@ -33,6 +33,7 @@ def test_{name}(rank):
 @pytest.fixture
 def own_servers(monkeypatch):
     """Rank servers of this test only (its own key), stopped at its end."""
+    monkeypatch.setenv("ACCEL_SIM_SERVER", "1")  # on under CI too
     monkeypatch.setenv("ACCEL_SIM_SERVER_IDLE", "30")
     started = set()
     yield started
@@ -144,6 +145,19 @@ def test_the_server_refuses_to_fork_with_threads_running():
     finally:
         stop.set()
         thread.join()
+
+
+@pytest.mark.parametrize(
+    ("server", "ci", "wanted"),
+    [(None, None, True), (None, "true", False), ("1", "true", True), ("0", None, False), (None, "0", True)],
+)
+def test_the_server_is_on_by_default_except_under_ci(monkeypatch, server, ci, wanted):
+    for name, value in ((forking.SERVER_ENV, server), ("CI", ci)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert forking.server_wanted() is wanted
 
 
 def test_the_key_follows_what_the_preloaded_modules_depend_on(monkeypatch):

@@ -95,8 +95,10 @@ def use_server(on: bool = True) -> bool:
 
 
 def server_wanted() -> bool:
-    """Whether the environment allows the rank server (ACCEL_SIM_SERVER, default on)."""
-    value = os.environ.get(SERVER_ENV, "1").strip().lower()
+    """Whether the environment asks for the rank server (ACCEL_SIM_SERVER; default on, except
+    under CI, where no next session would find it: CI set to anything but "" / "0" / "false")."""
+    under_ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    value = os.environ.get(SERVER_ENV, "0" if under_ci else "1").strip().lower()
     if value in ("0", "false", "no", "off"):
         return False
     if value in ("1", "true", "yes", "on", ""):
