@@ -21,7 +21,7 @@ def stack(blocks=6, width=32):
 
 @distributed_test(world_size=4, device="cuda")
 def test_dispatch_across_four_gpus_and_cpu_offload(rank, tmp_path):
-    from accel import init_empty_weights, infer_auto_device_map, load_checkpoint_and_dispatch
+    from accel import infer_auto_device_map, init_empty_weights, load_checkpoint_and_dispatch
     from accel.utils.saving import write_model_weights
 
     reference = stack()
