@@ -16,6 +16,7 @@ in a pipeline starts (`cpu_offload_with_hook`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,6 +83,8 @@ class HookedForward:
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
+        # the name, docstring and signature of the forward it stands for (`__wrapped__`)
+        functools.update_wrapper(self, module._old_forward)  # type: ignore[arg-type]  # set just before
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module

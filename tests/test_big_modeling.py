@@ -277,3 +277,13 @@ def test_disk_offload_is_refused_with_the_reason(tmp_path):
         disk_offload(stack(1), tmp_path)
     with pytest.raises(ValueError, match="'disk'"):
         dispatch_model(stack(1), {"layer0": "disk"})
+
+
+def test_a_hooked_forward_keeps_its_name_and_signature():
+    import inspect
+
+    model = Block()
+    add_hook_to_module(model, ModelHook())
+    assert model.forward.__name__ == "forward" and list(inspect.signature(model.forward).parameters) == ["x"]
+    remove_hook_from_module(model)
+    assert not hasattr(model, "_hf_hook") and not hasattr(model, "_old_forward")
