@@ -85,3 +85,12 @@ def test_fsdp2_from_the_launch_flags(tmp_path):
     assert launched["distributed_type"].endswith("FSDP")
     assert launched["losses"] == pytest.approx(planned["losses"], rel=1e-6, abs=1e-7)
     assert_same_weights(launched_weights, planned_weights)
+
+
+def test_fsdp2_on_a_transformers_gpt2_equals_accelerate(tmp_path):
+    # the model's own _no_split_modules (GPT2Block), tied input/output embeddings, the final norm
+    pytest.importorskip("transformers")
+    theirs, their_weights = launch("accelerate", tmp_path / "accelerate", "--model", "gpt2")
+    ours, our_weights = launch("accel", tmp_path / "accel", "--model", "gpt2")
+    assert ours["losses"] == pytest.approx(theirs["losses"], rel=1e-6, abs=1e-7)
+    assert_same_weights(our_weights, their_weights)

@@ -21,6 +21,7 @@ parser.add_argument("--mixed_precision", default="no")
 parser.add_argument("--state_dict_type", default="SHARDED_STATE_DICT")
 parser.add_argument("--resume_from", default=None)
 parser.add_argument("--out", required=True)
+parser.add_argument("--model", choices=["blocks", "gpt2"], default="blocks")
 parser.add_argument(
     "--plugin_from_launcher", action="store_true", help="no plugin: `launch --use_fsdp --fsdp_*` sets it"
 )
@@ -54,17 +55,27 @@ class Net(nn.Module):
         return self.head(self.blocks(self.embed(x)))
 
 
+def gpt2():
+    """A tiny GPT-2 built from its config (nothing downloaded): tied embeddings, `_no_split_modules` GPT2Block."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16, attn_pdrop=0.0)
+    config.resid_pdrop = config.embd_pdrop = 0.0
+    return GPT2LMHeadModel(config)
+
+
 plugin = utils.FullyShardedDataParallelPlugin(
     fsdp_version=2,
     auto_wrap_policy="transformer_based_wrap",
-    transformer_cls_names_to_wrap=["Block"],
+    # GPT-2: the model's own _no_split_modules (GPT2Block)
+    transformer_cls_names_to_wrap=["Block"] if args.model == "blocks" else None,
     state_dict_type=args.state_dict_type,
 )
 if args.plugin_from_launcher:
     plugin = None
 accelerator = lib.Accelerator(mixed_precision=args.mixed_precision, gradient_accumulation_steps=2, fsdp_plugin=plugin)
 torch.manual_seed(0)
-model = Net()
+model = Net() if args.model == "blocks" else gpt2()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 model, optimizer = accelerator.prepare(model, optimizer)
 
@@ -74,13 +85,23 @@ x = torch.randn(STEPS, world * PER_RANK, 4, generator=generator)
 y = (x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])).tanh()
 
 
+tokens = torch.randint(0, 64, (STEPS, world * PER_RANK, 16), generator=generator)
+
+
+def compute_loss(step):
+    mine = slice(rank * PER_RANK, (rank + 1) * PER_RANK)
+    if args.model == "gpt2":
+        ids = tokens[step, mine].to(accelerator.device)
+        return model(input_ids=ids, labels=ids).loss.float()
+    inputs, targets = x[step, mine].to(accelerator.device), y[step, mine].to(accelerator.device)
+    return nn.functional.mse_loss(model(inputs).float(), targets)
+
+
 def run(steps):
     losses = []
     for step in steps:
-        inputs = x[step, rank * PER_RANK : (rank + 1) * PER_RANK].to(accelerator.device)
-        targets = y[step, rank * PER_RANK : (rank + 1) * PER_RANK].to(accelerator.device)
         with accelerator.accumulate(model):
-            loss = nn.functional.mse_loss(model(inputs).float(), targets)
+            loss = compute_loss(step)
             accelerator.backward(loss)
             if accelerator.sync_gradients:
                 accelerator.clip_grad_norm_(model.parameters(), 0.5)
