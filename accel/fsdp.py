@@ -173,6 +173,9 @@ class FSDP2Strategy:
             "offload_policy": plugin.cpu_offload,
             "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
         }
+        if plugin.ignored_modules is not None:
+            # kept whole on every rank (not sharded), on the device
+            options["ignored_params"] = _ignored_parameters(plugin.ignored_modules, model, accelerator.device)
         if accelerator.mixed_precision != "no":
             # FSDP2 computes in the policy's dtype from fp32 master weights (as Accelerate upcasts them)
             for param in model.parameters():
@@ -437,6 +440,21 @@ def _read(path: str) -> Any:
             "optimizers prepared in the same order?"
         )
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _ignored_parameters(modules: Any, model: nn.Module, device: torch.device) -> set[nn.Parameter]:
+    """The parameters of `modules`: modules, or a regular expression their names match whole (`ignored_modules`)."""
+    import re
+
+    if isinstance(modules, str):
+        pattern = re.compile(modules)
+        modules = [m for name, m in model.named_modules() if pattern.fullmatch(name)]
+        if not modules:
+            raise ValueError(f"ignored_modules={pattern.pattern!r} matches no module name of {type(model).__name__}")
+    chosen = list(modules)
+    for module in chosen:
+        module.to(device)
+    return {p for module in chosen for p in module.parameters()}
 
 
 def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:

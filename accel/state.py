@@ -302,7 +302,11 @@ class AcceleratorState(_Topology):
                 initialized=_from_accelerator,
                 fsdp_plugin=None,
             )
-            self._setup_sharding(partial, fsdp_plugin, precision)
+            try:
+                self._setup_sharding(partial, fsdp_plugin, precision)
+            except BaseException:
+                self._shared_state.clear()  # refused (FSDP1): no half-made state left behind
+                raise
             return
         if _from_accelerator and requested is not None and requested != self._mixed_precision and self.initialized:
             raise ValueError(
@@ -311,6 +315,11 @@ class AcceleratorState(_Topology):
             )
         if requested is not None:
             self._mixed_precision = requested
+        if fsdp_plugin is not None and fsdp_plugin is not self._shared_state.get("fsdp_plugin"):
+            raise ValueError(
+                f"AcceleratorState was already initialised with fsdp_plugin={self._shared_state.get('fsdp_plugin')!r} "
+                "and cannot take another; pass the plugin to the first Accelerator() or call reset_state() first"
+            )
         self.initialized = self.initialized or _from_accelerator
 
     def _setup_sharding(self, partial: PartialState, fsdp_plugin: Any, precision: str) -> None:

@@ -265,3 +265,19 @@ def test_on_cpu_ranks_the_plugin_is_kept_and_ddp_runs(rank):
     accelerator = Accelerator(fsdp_plugin=plugin())
     assert accelerator.distributed_type == DistributedType.MULTI_CPU
     assert accelerator.state.fsdp_plugin is not None and not accelerator.state.is_fsdp2
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_ignored_modules_stay_whole(rank):
+    from torch.distributed.tensor import DTensor
+
+    accelerator, model, optimizer = build(plugin(ignored_modules=r"head"))
+    assert not isinstance(model.head.weight, DTensor) and model.head.weight.device == accelerator.device
+    assert all(isinstance(p, DTensor) for p in model.blocks.parameters())
+    with pytest.raises(ValueError, match="cannot take another"):
+        build(plugin())
+    from accel.state import reset_state
+
+    reset_state()
+    with pytest.raises(ValueError, match="matches no module name"):
+        build(plugin(ignored_modules=r"nothing\..*"))
