@@ -317,7 +317,7 @@ def test_join_warns_where_accelerate_warns(world_size):
     acc = Accelerator()
     model, loader = acc.prepare(_model(), DataLoader(Numbers(), batch_size=2))
     with (
-        pytest.warns(UserWarning, match="none was given: it has no effect"),
+        pytest.warns(UserWarning, match="none was given: joining is only supported for multi-GPU"),
         acc.join_uneven_inputs([acc.unwrap_model(model)]),
     ):
         pass
