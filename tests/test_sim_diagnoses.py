@@ -102,7 +102,9 @@ def store_keys_after_tasks():
             dist.all_reduce(torch.ones(1))
         dist.barrier()
         watch.forget_finished()  # as a rank does once it has answered a task
+        dist.barrier()  # both have: the count is the same whichever rank reads it
         counts.append(watch._store().num_keys())
+        dist.barrier()
     watch.begin(task, check=True)
     return counts
 
