@@ -9,7 +9,9 @@
   main device for their forward; `load_checkpoint_and_dispatch` does all of it.
 - `cpu_offload` / `cpu_offload_with_hook`: a whole model kept on the CPU between forwards.
 
-Offloading to disk is not supported (refused with the reason where it is asked for).
+- `disk_offload` / "disk" in a device map: weights kept in an offload folder (one
+  memory-mapped file per tensor, Accelerate's layout: `accel.utils.offload`) and loaded for
+  each forward.
 """
 
 from __future__ import annotations
@@ -143,11 +145,27 @@ def disk_offload(
     offload_buffers: bool = False,
     preload_module_classes: list[str] | None = None,
 ) -> nn.Module:
-    """Refused: accel does not offload weights to disk. Use `cpu_offload`, or give more `max_memory`."""
-    raise NotImplementedError(
-        "disk_offload: accel does not offload weights to disk (memory-mapped weight files are not implemented); "
-        "use cpu_offload(model) to keep the weights in host memory"
+    """Keep `model`'s weights in `offload_dir` (one memory-mapped file each) and load each submodule's for its forward.
+
+    The weights are written there first unless the folder already holds an `index.json`.
+    `execution_device` defaults to the device of the model's first parameter.
+    """
+    from accel.utils.offload import INDEX_NAME, OffloadedWeightsLoader, offload_state_dict
+
+    if not os.path.isfile(os.path.join(offload_dir, INDEX_NAME)):
+        offload_state_dict(offload_dir, model.state_dict())
+    if execution_device is None:
+        execution_device = next(iter(model.parameters())).device
+    add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
+    attach_align_device_hook(
+        model,
+        execution_device=execution_device,
+        offload=True,
+        offload_buffers=offload_buffers,
+        weights_map=OffloadedWeightsLoader(save_folder=offload_dir),
+        preload_module_classes=preload_module_classes,
     )
+    return model
 
 
 def _main_device(device_map: Mapping[str, Any]) -> Any:
@@ -175,16 +193,18 @@ def dispatch_model(
     device. Blocks mapped to "cpu" are offloaded: their weights stay in host memory and
     run on `main_device` (default: the first GPU of the map). A map with a single device
     and no `force_hooks` simply moves the model there. The map is kept as
-    `model.hf_device_map`. "disk" in the map is refused (accel does not offload to disk).
+    `model.hf_device_map`. Blocks mapped to "disk" are offloaded too, their weights read from
+    `offload_dir` (written there first when it has no index yet).
     """
     check_device_map(model, device_map)
-    if offload_dir is not None or offload_index is not None or "disk" in [str(v) for v in device_map.values()]:
+    disk_modules = [name for name, device in device_map.items() if str(device) == "disk"]
+    if disk_modules and offload_dir is None and offload_index is None:
         raise ValueError(
-            "dispatch_model: device_map puts modules on 'disk' (or offload_dir was given), and accel does not offload "
-            "weights to disk; map those modules to 'cpu' instead"
+            "We need an `offload_dir` to dispatch this model according to this `device_map`, the following "
+            f"submodules need to be offloaded: {', '.join(disk_modules)}."
         )
     devices = set(map(str, device_map.values()))
-    if len(devices) == 1 and "cpu" not in devices and not force_hooks:
+    if len(devices) == 1 and not devices & {"cpu", "disk"} and not force_hooks:
         device = next(iter(device_map.values()))
         model.to(device)
         setattr(model, "hf_device_map", dict(device_map))  # noqa: B010
@@ -192,14 +212,27 @@ def dispatch_model(
     if main_device is None:
         main_device = _main_device(device_map)
     cpu_modules = [name for name, device in device_map.items() if str(device) == "cpu"]
+
+    def weights_of(modules: list[str]) -> dict[str, torch.Tensor]:
+        return {
+            key: value.to("cpu")
+            for key, value in model.state_dict().items()
+            if any(key == m or key.startswith(m + ".") or m == "" for m in modules)
+        }
+
     if state_dict is None and cpu_modules:
-        state_dict = {}
-        full = model.state_dict()
-        for key, value in full.items():
-            if any(key == m or key.startswith(m + ".") or m == "" for m in cpu_modules):
-                state_dict[key] = value.to("cpu")
-    execution = {name: main_device if str(device) == "cpu" else device for name, device in device_map.items()}
-    offload = {name: str(device) == "cpu" for name, device in device_map.items()}
+        state_dict = weights_of(cpu_modules)
+    weights_map: Any = state_dict
+    if disk_modules:
+        from accel.utils.offload import INDEX_NAME, OffloadedWeightsLoader, offload_state_dict
+
+        on_disk = offload_index is not None or os.path.isfile(os.path.join(offload_dir, INDEX_NAME))  # type: ignore[arg-type]
+        if not on_disk:  # weights still in the model (not loaded with load_checkpoint_in_model): write them
+            offload_state_dict(offload_dir, weights_of(disk_modules))  # type: ignore[arg-type]
+        weights_map = OffloadedWeightsLoader(state_dict=state_dict, save_folder=offload_dir, index=offload_index)
+    offloaded = ("cpu", "disk")
+    execution = {name: main_device if str(device) in offloaded else device for name, device in device_map.items()}
+    offload = {name: str(device) in offloaded for name, device in device_map.items()}
     tied = find_tied_parameters(model)
     tied_params_map: dict[int, dict[torch.device, torch.Tensor]] = {}
     for group in tied:
@@ -212,13 +245,17 @@ def dispatch_model(
         execution_device=execution,
         offload=offload,
         offload_buffers=offload_buffers,
-        weights_map=state_dict,
+        weights_map=weights_map,
         skip_keys=skip_keys,
         preload_module_classes=preload_module_classes,
         tied_params_map=tied_params_map,
     )
     retie_parameters(model, tied)
     setattr(model, "hf_device_map", dict(device_map))  # noqa: B010
+    from accel.hooks import WarnOnMove
+
+    model.to = WarnOnMove(model.to, model)  # type: ignore[method-assign]
+    model.cuda = WarnOnMove(model.cuda, model)  # type: ignore[method-assign]
     return model
 
 

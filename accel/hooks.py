@@ -121,6 +121,9 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
 
 def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Module:
     """Remove the hook of `module` (and of its submodules with `recurse=True`), detaching it; returns the module."""
+    for name in ("to", "cuda"):  # the move warnings dispatch_model adds
+        if isinstance(module.__dict__.get(name), WarnOnMove):
+            del module.__dict__[name]
     hook = module.__dict__.pop("_hf_hook", None)
     if hook is not None:
         hook.detach_hook(module)
@@ -139,6 +142,31 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
 def remove_hook_from_submodules(module: nn.Module) -> None:
     """Remove the hooks of `module` and of every submodule."""
     remove_hook_from_module(module, recurse=True)
+
+
+class WarnOnMove:
+    """`model.to` / `model.cuda` of a dispatched model: warns that moving it bypasses its hooks, and refuses
+    while some weights are offloaded (on the meta device)."""
+
+    def __init__(self, move: Any, model: nn.Module) -> None:
+        self.move = move
+        self.model = model
+        functools.update_wrapper(self, move)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import logging
+
+        moving = True
+        if getattr(self.move, "__name__", "") == "to":
+            moving = torch._C._nn._parse_to(*args, **kwargs)[0] is not None
+        if moving:
+            # Accelerate's words and logger name (users' tests look for them)
+            logging.getLogger("accel.big_modeling").warning(
+                "You shouldn't move a model that is dispatched using accelerate hooks."
+            )
+        if any(p.device.type == "meta" for p in self.model.parameters()):
+            raise RuntimeError("You can't move a model that has some modules offloaded to cpu or disk.")
+        return self.move(*args, **kwargs)
 
 
 class AlignDevicesHook(ModelHook):
@@ -208,7 +236,10 @@ class AlignDevicesHook(ModelHook):
         if self.execution_device == "meta" or self.execution_device == torch.device("meta"):
             self.tied_params_map = None
         if not self.offload and self.execution_device is not None:
-            for name, _ in self._tensors(module, include_buffers=True):
+            # every tensor, non-persistent buffers included
+            for name, _ in module.named_parameters(recurse=self.place_submodules):
+                set_module_tensor_to_device(module, name, self.execution_device, tied_params_map=self.tied_params_map)
+            for name, _ in module.named_buffers(recurse=self.place_submodules):
                 set_module_tensor_to_device(module, name, self.execution_device, tied_params_map=self.tied_params_map)
         elif self.offload:
             self.param_original_devices = {
@@ -226,6 +257,14 @@ class AlignDevicesHook(ModelHook):
                 set_module_tensor_to_device(module, name, "meta")
             if not self.offload_buffers and self.execution_device is not None:
                 for name, _ in module.named_buffers(recurse=self.place_submodules):
+                    set_module_tensor_to_device(
+                        module, name, self.execution_device, tied_params_map=self.tied_params_map
+                    )
+            elif self.execution_device is not None:
+                # non-persistent buffers are in no weights map: they live on the execution device
+                from accel.utils.modeling import get_non_persistent_buffers
+
+                for name in get_non_persistent_buffers(module, recurse=self.place_submodules, fqns=True):
                     set_module_tensor_to_device(
                         module, name, self.execution_device, tied_params_map=self.tied_params_map
                     )

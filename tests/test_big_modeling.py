@@ -176,7 +176,7 @@ def test_load_checkpoint_in_model_dtype_strict_and_unexpected_keys(tmp_path, cap
     assert "were not used when initializing" in caplog.text and "extra" in caplog.text
     with pytest.raises(RuntimeError, match="unexpected keys \\['extra'\\]"):
         load_checkpoint_in_model(stack(1), tmp_path / "weights.bin", strict=True)
-    with pytest.raises(ValueError, match="does not offload weights to disk"):
+    with pytest.raises(ValueError, match="pass offload_folder"):
         load_checkpoint_in_model(stack(1), tmp_path / "weights.bin", device_map={"": "disk"})
     with pytest.raises(ValueError, match="neither a file nor a folder"):
         load_checkpoint_in_model(stack(1), tmp_path / "missing.bin")
@@ -272,10 +272,46 @@ def test_has_offloaded_params_as_accelerate():
     assert model.layer0.linear1.weight.device.type == "cpu"  # the weights came back
 
 
-def test_disk_offload_is_refused_with_the_reason(tmp_path):
-    with pytest.raises(NotImplementedError, match="does not offload weights to disk"):
-        disk_offload(stack(1), tmp_path)
-    with pytest.raises(ValueError, match="'disk'"):
+def test_disk_offload_in_accelerates_layout(tmp_path):
+    from accelerate.utils import OffloadedWeightsLoader as PeerLoader
+
+    from accel.utils import OffloadedWeightsLoader, offload_state_dict
+
+    model = stack(2)
+    x = torch.randn(4, 3)
+    expected = model(x)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["half"] = torch.ones(3, dtype=torch.bfloat16)
+    offload_state_dict(tmp_path / "weights", state)
+    for loader in (
+        OffloadedWeightsLoader(save_folder=tmp_path / "weights"),
+        PeerLoader(save_folder=str(tmp_path / "weights")),
+    ):
+        assert sorted(loader) == sorted(state)
+        assert all(torch.equal(loader[k], v) and loader[k].dtype == v.dtype for k, v in state.items())
+    disk_offload(model, tmp_path / "model")
+    assert model.layer0.linear1.weight.device.type == "meta" and has_offloaded_params(model.layer0.linear1)
+    assert torch.allclose(model(x), expected)
+
+
+def test_load_and_dispatch_with_disk_and_cpu_blocks(tmp_path):
+    source = stack()
+    save_sharded(source, tmp_path / "ckpt", 300)
+    x = torch.randn(4, 3)
+    expected = source(x)
+    device_map = {"layer0": "cpu", "layer1": "disk", "layer2": "cpu"}
+    with init_empty_weights():
+        model = stack()
+    with pytest.raises(ValueError, match="offload_folder"):
+        load_checkpoint_in_model(model, tmp_path / "ckpt", device_map=device_map)
+    model = load_checkpoint_and_dispatch(
+        model, tmp_path / "ckpt", device_map=device_map, offload_folder=tmp_path / "off"
+    )
+    assert os.path.isfile(tmp_path / "off" / "index.json") and model.layer1.linear1.weight.device.type == "meta"
+    assert torch.allclose(model.eval()(x), expected, atol=1e-6)
+    with pytest.raises(RuntimeError, match="offloaded to cpu or disk"):
+        model.to("cpu")
+    with pytest.raises(ValueError, match="need an `offload_dir`"):
         dispatch_model(stack(1), {"layer0": "disk"})
 
 

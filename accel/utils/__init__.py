@@ -64,6 +64,13 @@ IS_AVAILABLE = [
 ]
 
 _EXPORTS = {
+    "accel.utils.offload": [
+        "offload_state_dict",
+        "offload_weight",
+        "load_offloaded_weight",
+        "save_offload_index",
+        "OffloadedWeightsLoader",
+    ],
     "accel.utils.operations": [
         "gather",
         "gather_object",
@@ -386,6 +393,13 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
         TorchDynamoPlugin as TorchDynamoPlugin,
         DynamoBackend as DynamoBackend,
         FullyShardedDataParallelPlugin as FullyShardedDataParallelPlugin,
+    )
+    from accel.utils.offload import (
+        offload_state_dict as offload_state_dict,
+        offload_weight as offload_weight,
+        load_offloaded_weight as load_offloaded_weight,
+        save_offload_index as save_offload_index,
+        OffloadedWeightsLoader as OffloadedWeightsLoader,
     )
 # isort: on
 

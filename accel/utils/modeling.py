@@ -823,20 +823,26 @@ def load_checkpoint_in_model(
     to the device its module is mapped to, cast to `dtype` when floating (modules named in
     `keep_in_fp32_modules` stay fp32). Checkpoint keys the model lacks are logged, or with
     `strict=True` an error, as are missing keys. Tied weights are tied again afterwards.
-    Offloading to disk is not supported: a device map naming "disk" is refused.
+    Modules mapped to "disk" get their weights written to `offload_folder` (Accelerate's
+    layout, `accel.utils.offload`) and stay on the meta device; `dispatch_model(...,
+    offload_dir=offload_folder)` runs them.
     """
     if offload_8bit_bnb:
         raise ValueError("offload_8bit_bnb is for bitsandbytes 8-bit weights, which accel does not load")
-    if device_map is not None and "disk" in [str(v) for v in device_map.values()]:
+    disk = device_map is not None and "disk" in [str(v) for v in device_map.values()]
+    if disk and offload_folder is None:
         raise ValueError(
-            "device_map puts modules on 'disk': accel does not offload weights to disk; give those modules 'cpu' "
-            "(cpu offload) or more max_memory"
+            "device_map puts modules on 'disk': pass offload_folder=..., the folder their weights are written to"
         )
+    offload_index: dict[str, Any] = {}
+    if disk:
+        os.makedirs(os.fspath(offload_folder), exist_ok=True)  # type: ignore[arg-type]  # checked above
     import logging
 
     tied = find_tied_parameters(model)
     keep_fp32 = list(keep_in_fp32_modules or [])
     model_keys = set(model.state_dict())
+    parameter_names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     loaded: set[str] = set()
     unexpected: set[str] = set()
     files = _checkpoint_files(checkpoint)
@@ -866,9 +872,23 @@ def load_checkpoint_in_model(
                         value_dtype = torch.float32
                     elif dtype is not None:
                         value_dtype = _as_dtype(dtype)
-                set_module_tensor_to_device(model, name, _device_of(name, device_map), value=value, dtype=value_dtype)
+                target = _device_of(name, device_map)
+                if str(target) == "disk" and not offload_buffers and name not in parameter_names:
+                    target = "cpu"  # buffers of disk-offloaded modules stay in memory unless offload_buffers
+                if str(target) == "disk":
+                    from accel.utils.offload import offload_weight
+
+                    stored = value.to(value_dtype) if value_dtype is not None else value
+                    offload_weight(stored, name, offload_folder, index=offload_index)  # type: ignore[arg-type]
+                    set_module_tensor_to_device(model, name, "meta", dtype=value_dtype)
+                else:
+                    set_module_tensor_to_device(model, name, target, value=value, dtype=value_dtype)
                 loaded.add(name)
         del state
+    if offload_index:
+        from accel.utils.offload import save_offload_index
+
+        save_offload_index(offload_index, offload_folder)  # type: ignore[arg-type]
     if not reads:
         retie_parameters(model, tied)
         return
