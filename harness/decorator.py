@@ -13,9 +13,12 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from accel.sim.launcher import GpuOptions
 
 #: fixtures whose value differs per rank: filled in inside each rank
 RANK_FIXTURES = ("rank", "local_rank")
@@ -59,6 +62,7 @@ def distributed_test(
     faults: Sequence[Any] = (),
     gpu: str | None = None,
     report_memory: bool = False,
+    shapes_only: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Run the decorated test's body on `world_size` simulated ranks of `device`.
 
@@ -79,10 +83,11 @@ def distributed_test(
     `gpu` names the card of the simulated GPUs (``device="cuda"``): "H100", "L4", ... or
     "memory=24GiB,capability=8.9" (`accel.sim.gpu_models`); default ``ACCEL_SIM_GPU``, else an H100.
     `report_memory=True`: each rank prints its GPUs' peak memory after the body (shown with
-    the test's output: ``pytest -rP`` or ``-s``).
+    the test's output: ``pytest -rP`` or ``-s``). `shapes_only=True`: the simulated GPUs hold
+    shapes, not data (`accel.sim.cuda_shapes`): memory and out-of-memory without the compute.
     """
     from accel.sim.faults import as_faults
-    from accel.sim.launcher import check_gpu
+    from accel.sim.launcher import GpuOptions, check_gpu
 
     injected = as_faults(list(faults))
     if check_collectives is not None and not isinstance(check_collectives, bool):
@@ -95,11 +100,11 @@ def distributed_test(
         raise ValueError(f"@distributed_test(world_size=...) must be positive, got {world_size!r}")
     if not timeout or timeout <= 0:
         raise ValueError(f"@distributed_test(timeout=...) must be a positive number of seconds, got {timeout!r}")
-    if gpu is not None:
+    if gpu is not None or shapes_only:
         try:
-            check_gpu(gpu, devices)
+            check_gpu(gpu or "", devices, shapes_only=shapes_only)
         except ValueError as error:
-            raise ValueError(f"@distributed_test(gpu=...): {error}") from None
+            raise ValueError(f"@distributed_test: {error}") from None
 
     def decorate(body: Callable[..., Any]) -> Callable[..., Any]:
         if not inspect.isfunction(body):
@@ -138,7 +143,9 @@ def distributed_test(
         ]
         distributed.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *extra])  # type: ignore[attr-defined]  # read by pytest
         distributed._accel_distributed = DistributedSpec(  # type: ignore[attr-defined]  # our marker on the function
-            body=body if gpu is None and not report_memory else _on_gpu(body, gpu, bool(report_memory)),
+            body=body
+            if gpu is None and not report_memory and not shapes_only
+            else _on_gpu(body, GpuOptions(gpu, bool(report_memory), bool(shapes_only))),
             params=params,
             world_sizes=world_sizes,
             devices=devices,
@@ -164,13 +171,13 @@ def distributed_test(
     return decorate
 
 
-def _on_gpu(body: Callable[..., Any], gpu: str | None, report_memory: bool) -> Callable[..., Any]:
-    """`body`, run with every simulated GPU of the rank being card `gpu` (reporting peak memory if asked)."""
+def _on_gpu(body: Callable[..., Any], options: GpuOptions) -> Callable[..., Any]:
+    """`body`, run on simulated GPUs as `options` say (the card, a peak report, shapes only)."""
     from accel.sim.launcher import on_gpu
 
     @functools.wraps(body)
     def run_on_gpu(*args: Any, **kwargs: Any) -> Any:
-        return on_gpu(gpu, report_memory, body, *args, **kwargs)
+        return on_gpu(options, body, *args, **kwargs)
 
     return run_on_gpu
 

@@ -69,7 +69,8 @@ def test_the_default_card_is_an_h100(tmp_path):
     ("argv", "error"),
     [
         (["--simulate", "cuda", "--gpu", "B300"], "unknown GPU 'B300'; choose one of H100, H100-PCIE, H200"),
-        (["--simulate", "cpu", "--gpu", "L4"], "--gpu names the card of simulated GPUs: use it with --simulate cuda"),
+        (["--simulate", "cpu", "--gpu", "L4"], "--gpu is about simulated GPUs: use it with --simulate cuda"),
+        (["--simulate", "xla", "--shapes_only"], "--shapes_only is about simulated GPUs: use it with --simulate cuda"),
         (["--gpu", "L4"], "--gpu applies to simulated runs only"),
     ],
 )

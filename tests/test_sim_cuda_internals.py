@@ -125,5 +125,19 @@ def test_each_internal_does_its_job_in_a_rank(rank, tmp_path):
     checks["show_fsdp1_devices_as"] = fsdp_init._get_device_from_device_id(rank, rank, torch.cuda) == torch.device(
         "cuda", rank
     )
+    inside: list[bool] = []
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            inside.append(torch_internals.in_backward())
+            return grad
+
+    Probe.apply(torch.ones(2, device="cuda", requires_grad=True)).sum().backward()
+    checks["in_backward"] = inside == [True] and not torch_internals.in_backward()
     broken = [name for name, ok in checks.items() if not ok]
     assert not broken, f"torch {torch.__version__}: these internals no longer do their job: {broken}"

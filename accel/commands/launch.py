@@ -87,16 +87,20 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--tpu with --simulate {args.simulate}: simulate TPUs with --simulate xla")
         if args.log_dir or args.tee != "0":
             raise ValueError("--log_dir/--tee are torchrun's; under --simulate, use --local_ranks_filter")
+        for flag, given in (("--gpu", args.gpu is not None), ("--shapes_only", args.shapes_only)):
+            if given and args.simulate != "cuda":
+                raise ValueError(f"{flag} is about simulated GPUs: use it with --simulate cuda, not {args.simulate}")
         if args.gpu is not None:
-            if args.simulate != "cuda":
-                raise ValueError(
-                    f"--gpu names the card of simulated GPUs: use it with --simulate cuda, not {args.simulate}"
-                )
             gpu_models.check(args.gpu)
     else:
         if args.tpu:
             raise ValueError("--tpu: accel launches TPUs only simulated (--simulate xla)")
-        for flag, value in (("--fault", args.fault), ("--timeout", args.timeout), ("--gpu", args.gpu)):
+        for flag, value in (
+            ("--fault", args.fault),
+            ("--timeout", args.timeout),
+            ("--gpu", args.gpu),
+            ("--shapes_only", args.shapes_only),
+        ):
             if value:
                 raise ValueError(f"{flag} applies to simulated runs only; add --simulate cpu|cuda|xla")
 

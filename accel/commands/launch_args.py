@@ -203,6 +203,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "RTX4090, RTX3090, T4, V100, V100-32GB, or memory=24GiB,capability=8.9; default: $ACCEL_SIM_GPU, else H100)",
     )
     sim.add_argument(
+        "--shapes_only",
+        action="store_true",
+        help="with --simulate cuda: simulated GPUs hold shapes, not data: does the script fit on --gpu, at what peak "
+        "memory, without computing it (values read back are zeros)",
+    )
+    sim.add_argument(
         "--local_ranks_filter",
         "--local-ranks-filter",
         dest="local_ranks_filter",

@@ -81,6 +81,8 @@ def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
         from accel.sim.gpu_models import GPU_ENV
 
         env[GPU_ENV] = args.gpu
+    if getattr(args, "shapes_only", False):
+        env["ACCEL_SIM_SHAPES_ONLY"] = "1"
     script = args.script if args.module else os.path.abspath(args.script)
     # Process-wide output settings: put back afterwards, for callers of cli.main in a process that goes on.
     previous = output.settings()

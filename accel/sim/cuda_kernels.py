@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from accel.sim import cuda_memory, cuda_state, torch_internals
+from accel.sim import cuda_memory, cuda_shapes, cuda_state, torch_internals
 from accel.sim.cuda_tensor import SimCudaTensor, run_on, unwrap
 
 aten = torch.ops.aten
@@ -58,7 +58,12 @@ def factory_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     kwargs = dict(kwargs, device=torch.device("cpu"))
     kwargs.pop("pin_memory", None)
     index = device.index or 0
-    reserved = _reserve(index, op, args, kwargs) if cuda_memory.is_counting() else None
+    meta = _on_meta(op, args, kwargs) if cuda_memory.is_counting() or cuda_shapes.enabled() else None
+    if meta is not None and not cuda_shapes.keeps_data(meta.untyped_storage().nbytes()):
+        out = meta  # shapes only: the tensor is its shape (`accel.sim.cuda_shapes`)
+        cuda_memory.track(out, index, cuda_memory.reserve(index, meta.untyped_storage().nbytes()))
+        return SimCudaTensor(out, device)
+    reserved = cuda_memory.reserve(index, meta.untyped_storage().nbytes()) if meta is not None else None
     try:
         out = run_on(device, op, args, kwargs)
     except BaseException:
@@ -70,20 +75,19 @@ def factory_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     return type(out)(SimCudaTensor(t, device) for t in out)
 
 
-def _reserve(index: int, op: Any, args: tuple, kwargs: dict) -> cuda_memory.Block | None:
-    """The GPU memory of what `op` will make, taken before the host allocates it (out of memory first).
+def _on_meta(op: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """What `op` will make, made on the meta device (which allocates nothing): its size, before the host's.
 
-    The size comes from running the factory on the meta device, which allocates nothing.
+    None when there is no meta kernel, or arguments only the CPU kernel reads: the memory
+    is then counted (and out-of-memory raised) just after the host made the tensor.
     """
     try:
         meta = op(*args, **dict(kwargs, device=torch.device("meta")))
     except (RuntimeError, NotImplementedError, TypeError, ValueError):
-        # No meta kernel, or arguments only the CPU kernel reads: the memory is then
-        # counted (and out-of-memory raised) just after the host made the tensor.
         return None
     if not isinstance(meta, torch.Tensor) or meta.layout is not torch.strided:
         return None
-    return cuda_memory.reserve(index, meta.untyped_storage().nbytes())
+    return meta
 
 
 def _copy_kernel(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:

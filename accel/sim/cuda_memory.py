@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from accel.sim import torch_internals
 from accel.sim.gpu_models import GpuModel
 
 K_MIN_BLOCK = 512
@@ -288,7 +289,7 @@ class DeviceMemory:
 
     def note_alloc(self, key: int, nbytes: int) -> None:
         """Storage `key` of `nbytes` was made (raises out-of-memory if the card cannot hold it)."""
-        block = self.malloc(nbytes)
+        block = _allocate(self, nbytes)
         if block is not None:
             self.blocks[key] = block
 
@@ -304,7 +305,7 @@ class DeviceMemory:
 
     def note_resize(self, key: int, new: int) -> None:
         """Storage `key` grows or shrinks to `new` bytes: the new block first (out of memory first)."""
-        block = self.malloc(new) if new else None
+        block = _allocate(self, new) if new else None
         self.note_free(key)
         if block is not None:
             self.blocks[key] = block
@@ -453,6 +454,32 @@ def counting_list() -> list[DeviceMemory]:
     return _devices
 
 
+#: out-of-memory met inside backward, raised when backward returns (`raise_pending`)
+_pending: list[torch.OutOfMemoryError] = []
+
+
+def _allocate(memory: DeviceMemory, nbytes: int) -> Block | None:
+    try:
+        return memory.malloc(nbytes)
+    except torch.OutOfMemoryError as error:
+        if not torch_internals.in_backward():
+            raise
+        # Raised inside the autograd engine, the error would abort the process (see
+        # `torch_internals.in_backward`): the rest of backward runs, uncounted, and the
+        # error is raised as backward returns, where code that catches it expects it.
+        if not _pending:
+            _pending.append(error)
+        return None
+
+
+def raise_pending() -> None:
+    """Raise the out-of-memory error met during the backward that just returned, if any."""
+    if _pending:
+        error = _pending.pop()
+        _pending.clear()
+        raise error
+
+
 def reserve(index: int, nbytes: int) -> Block | None:
     """Before the host allocates `nbytes` for GPU `index`: the block (raises out-of-memory first).
 
@@ -460,7 +487,7 @@ def reserve(index: int, nbytes: int) -> Block | None:
     """
     if not _devices:
         return None
-    return _devices[index].malloc(nbytes)
+    return _allocate(_devices[index], nbytes)
 
 
 def unreserve(index: int, block: Block | None) -> None:

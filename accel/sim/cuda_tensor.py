@@ -21,13 +21,15 @@ from typing import Any
 
 import torch
 
-from accel.sim import cuda_memory, cuda_state, device_rules, torch_internals
+from accel.sim import cuda_memory, cuda_shapes, cuda_state, device_rules, torch_internals
 
 aten = torch.ops.aten
 _make_wrapper = torch_internals.make_wrapper
 #: the simulated GPUs' allocators (empty when memory is not counted): every new storage is counted
 _COUNTING = cuda_memory.counting_list()
 _track = cuda_memory.track
+#: [True] while simulated GPUs hold shapes only (`accel.sim.cuda_shapes`)
+_SHAPES = cuda_shapes.state()
 
 #: the C++ devices under the simulated GPUs (filled when the GPUs are installed)
 _HIDDEN: list[torch.device] = []
@@ -82,7 +84,7 @@ class SimCudaTensor(torch.Tensor):
         facts = getattr(func, _FACTS, None)
         if facts is None:
             facts = _facts(func)
-        if kwargs or facts[0] is not None or facts[2]:
+        if kwargs or facts[0] is not None or facts[2] or _SHAPES:
             return dispatch(func, args, kwargs or {})
         device = None
         inner_args = []
@@ -143,7 +145,7 @@ class SimCudaTensor(torch.Tensor):
 
     def __format__(self, spec: str) -> str:
         if self.dim() == 0:
-            return self._inner.item().__format__(spec)
+            return _item((self,), {}).__format__(spec)
         return object.__format__(self, spec)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
@@ -187,7 +189,8 @@ class SimCudaTensor(torch.Tensor):
         return self._inner.data_ptr()
 
     def tolist(self) -> Any:
-        return self._inner.tolist()
+        inner = self._inner
+        return (cuda_shapes.on_host(inner) if inner.is_meta else inner).tolist()
 
     def numpy(self, *, force: bool = False) -> Any:
         if force:
@@ -412,15 +415,22 @@ def to_copy(args: tuple, kwargs: dict) -> Any:
     gpus = cuda_state.gpus()
     target = kwargs.get("device")
     target = source.device if target is None else gpus.resolve(target)
-    kwargs = dict(kwargs, device=torch.device("cpu"))
-    kwargs.pop("pin_memory", None)  # nothing to pin: the data stays in host memory
+    # on the GPU, the data stay in host memory; elsewhere (the host, meta) they go where asked
+    kwargs = dict(kwargs, device=torch.device("cpu") if target.type == "cuda" else target)
+    kwargs.pop("pin_memory", None)  # nothing to pin: the data stay in host memory
+    inner = unwrap(source)
     if target.type != "cuda":
-        return aten._to_copy.default(unwrap(source), **kwargs)
+        if _SHAPES and inner.is_meta:
+            return cuda_shapes.on_host(inner, kwargs.get("dtype"))
+        return aten._to_copy.default(inner, **kwargs)
     # the GPU's memory is taken before the host's: a copy that cannot fit fails first
     dtype = kwargs.get("dtype") or source.dtype
-    reserved = cuda_memory.reserve(target.index or 0, source.numel() * dtype.itemsize) if _COUNTING else None
+    nbytes = source.numel() * dtype.itemsize
+    if _SHAPES and (inner.is_meta or not cuda_shapes.keeps_data(nbytes)):
+        kwargs["device"] = torch.device("meta")
+    reserved = cuda_memory.reserve(target.index or 0, nbytes) if _COUNTING else None
     try:
-        out = aten._to_copy.default(unwrap(source), **kwargs)
+        out = aten._to_copy.default(inner, **kwargs)
     except BaseException:
         cuda_memory.unreserve(target.index or 0, reserved)
         raise
@@ -467,15 +477,23 @@ def _one_gpu(args: tuple, kwargs: dict) -> torch.device | None:
 
 
 def _copy_(args: tuple, kwargs: dict) -> Any:
-    unwrap(args[0]).copy_(unwrap(args[1]), *args[2:], **kwargs)
+    target, source = unwrap(args[0]), unwrap(args[1])
+    if _SHAPES and source.is_meta and not target.is_meta:
+        return args[0]  # shapes only: the target keeps its shape, and its data mean nothing
+    target.copy_(source, *args[2:], **kwargs)
     return args[0]
+
+
+def _item(args: tuple, kwargs: dict) -> Any:
+    inner = args[0]._inner
+    return cuda_shapes.value(inner) if inner.is_meta else inner.item()
 
 
 #: ops handled apart: copies across devices, reading a value, stream bookkeeping
 _SPECIAL = {
     aten._to_copy.default: to_copy,
     aten.copy_.default: _copy_,
-    aten._local_scalar_dense.default: lambda args, kwargs: args[0]._inner.item(),
+    aten._local_scalar_dense.default: _item,
     aten.record_stream.default: lambda args, kwargs: None,  # one stream per simulated GPU: nothing to record
 }
 
@@ -514,6 +532,8 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             for a in args
         ]
         inner_kwargs = {k: _inner_of(v) for k, v in kwargs.items()} if kwargs else kwargs
+    if _SHAPES:
+        inner_args, inner_kwargs = cuda_shapes.align(inner_args, inner_kwargs, seen)
     if device is None or device.type != "cuda":
         return func(*inner_args, **inner_kwargs)  # a CPU result was asked for
     out = _draw(device.index or 0, func, inner_args, inner_kwargs) if seeded else func(*inner_args, **inner_kwargs)

@@ -28,6 +28,7 @@ simulator section).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import time
@@ -49,6 +50,7 @@ from accel.sim import (
     cuda_kernels,
     cuda_memory,
     cuda_properties,
+    cuda_shapes,
     cuda_state,
     cuda_tensor,
     gpu_models,
@@ -328,6 +330,20 @@ def _refuse_compile(*args: Any, **kwargs: Any) -> Any:
     )
 
 
+def _raising_pending_oom(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`torch.autograd.backward` / `grad` that raise the out-of-memory met inside them as they return."""
+
+    @functools.wraps(original)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            cuda_memory.raise_pending()
+        return result
+
+    return run
+
+
 def _record_stream(original: Callable[..., Any]) -> Callable[..., Any]:
     def record_stream(self: torch.Tensor, stream: Any) -> None:
         """`Tensor.record_stream`: with one stream per simulated GPU there is nothing to record."""
@@ -350,7 +366,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         device_count = int(os.environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
     count = max(device_count, 1)
     gpus = cuda_state.install(count, local_rank % count)
-    gpus.on_start.append(_count_memory)
+    gpus.on_start.append(_on_cuda_start)
     if not _registered:
         torch_internals.register_python_backend(cuda_state.HIDDEN_DEVICE, _HiddenDeviceModule())
         torch_internals.serve_pinned_memory()
@@ -366,6 +382,8 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         torch_internals.check_grad_device(cuda_tensor.check_grad)
         torch_internals.show_hidden_as(cuda_state.HIDDEN_DEVICE, _gpu)
         torch_internals.on_storage_resize(cuda_memory.resize)
+        torch.autograd.backward = _raising_pending_oom(torch.autograd.backward)
+        torch.autograd.grad = _raising_pending_oom(torch.autograd.grad)
         cuda_accelerator.install()
         torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
         torch_internals.seed_dtensor_shards_from_cpu_generators()
@@ -387,8 +405,19 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
             setattr(module, name, replacement)
 
 
-def _count_memory(gpus: cuda_state.SimGpus) -> None:
+def reconfigure() -> None:
+    """Read the card and shapes-only settings again (a task that sets them), if CUDA has started already.
+
+    Memory counting starts afresh: nothing of the task is on its GPUs yet.
+    """
+    gpus = cuda_state.current()
+    if gpus is not None and gpus.started:
+        _on_cuda_start(gpus)
+
+
+def _on_cuda_start(gpus: cuda_state.SimGpus) -> None:
     """CUDA starts in this process (or test): each visible GPU is the chosen card, its memory empty."""
+    cuda_shapes.configure()
     if os.environ.get(cuda_properties.MEMORY_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         cuda_memory.uninstall()
         return

@@ -8,6 +8,7 @@ pool away so that the next one starts from healthy ranks. Failures are raised as
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -58,26 +59,44 @@ def check_options(world_size: int, device: str, timeout: float | None, real_devi
         raise ValueError(f"timeout must be a positive number of seconds (or None: no limit), got {timeout!r}")
 
 
-def check_gpu(gpu: str, device: str | Sequence[str], real_device: bool = False) -> None:
-    """A card to simulate is named only for simulated GPUs, and must be one `accel.sim.gpu_models` knows."""
+@dataclasses.dataclass(frozen=True)
+class GpuOptions:
+    """What the simulated GPUs of a call are: the card (None: as configured), a peak report, shapes only."""
+
+    gpu: str | None = None
+    report_memory: bool = False
+    shapes_only: bool = False
+
+
+def check_gpu(gpu: str, device: str | Sequence[str], real_device: bool = False, shapes_only: bool = False) -> None:
+    """A card (or shapes only) is asked only of simulated GPUs, and the card must be one `gpu_models` knows."""
     devices = (device,) if isinstance(device, str) else tuple(device)
+    what = f"gpu={gpu!r} names the card of" if gpu else "shapes_only=True applies to"
     if real_device or "cuda" not in devices:
-        raise ValueError(
-            f"gpu={gpu!r} names the card of simulated GPUs: it needs device='cuda' (simulated), got {device!r}"
-        )
-    gpu_models.check(gpu)
+        raise ValueError(f"{what} simulated GPUs: it needs device='cuda' (simulated), got {device!r}")
+    if gpu:
+        gpu_models.check(gpu)
+    del shapes_only  # valid with any simulated GPU
 
 
-def on_gpu(gpu: str | None, report_memory: bool, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """In a rank: `fn(*args, **kwargs)` on simulated GPUs of card `gpu` (None: as configured).
+def on_gpu(options: GpuOptions, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """In a rank: `fn(*args, **kwargs)` on simulated GPUs as `options` say.
 
-    The card is read when CUDA starts in the rank; the rank's environment is put back after
-    the call. `report_memory`: print each simulated GPU's peak memory once `fn` returned.
+    The card and shapes-only are read when CUDA starts in the rank; the rank's environment
+    is put back after the call. With `report_memory`, each simulated GPU's peak memory is
+    printed once `fn` returned.
     """
-    if gpu is not None:
-        os.environ[gpu_models.GPU_ENV] = gpu
+    if options.gpu is not None:
+        os.environ[gpu_models.GPU_ENV] = options.gpu
+    if options.shapes_only:
+        os.environ["ACCEL_SIM_SHAPES_ONLY"] = "1"
+    import sys
+
+    fake_cuda = sys.modules.get("accel.sim.fake_cuda")  # loaded in simulated GPU ranks only
+    if fake_cuda is not None:
+        fake_cuda.reconfigure()  # the rank's set-up may have started CUDA before this call
     result = fn(*args, **kwargs)
-    if report_memory:
+    if options.report_memory:
         report_peak_memory()
     return result
 
@@ -204,6 +223,7 @@ def launch(
     faults: Sequence[fault_specs.Fault | str] | None = None,
     gpu: str | None = None,
     report_memory: bool = False,
+    shapes_only: bool = False,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on `world_size` simulated ranks; the list of their return values.
 
@@ -238,12 +258,14 @@ def launch(
     "memory=24GiB,capability=8.9", see `accel.sim.gpu_models`); default: ``ACCEL_SIM_GPU``,
     else an H100. Its memory is what the ranks may allocate before out-of-memory.
     `report_memory=True` has each rank print its GPUs' peak memory when `fn` returns.
+    `shapes_only=True`: the simulated GPUs hold shapes, not data (`accel.sim.cuda_shapes`):
+    whether a step fits on the card, and its peak memory, without computing it.
     """
     check_options(world_size, device, timeout, real_device)
-    if gpu is not None:
-        check_gpu(gpu, device, real_device)
-    if gpu is not None or report_memory:
-        fn, args, kwargs = on_gpu, (gpu, bool(report_memory), fn, *args), kwargs
+    if gpu is not None or shapes_only:
+        check_gpu(gpu or "", device, real_device, shapes_only)
+    if gpu is not None or report_memory or shapes_only:
+        fn, args, kwargs = on_gpu, (GpuOptions(gpu, bool(report_memory), bool(shapes_only)), fn, *args), kwargs
     payload = serialize.dumps_call(fn, args, kwargs or {})
     outcomes = run_payload(
         payload,

@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from accel.sim import cuda_state, torch_internals
+from accel.sim import cuda_shapes, cuda_state, torch_internals
 from accel.sim.cuda_tensor import is_simulated_cuda, unwrap
 
 #: the name torch knows this backend by
@@ -550,8 +550,10 @@ class SimNcclGroup(PythonGroup):
 
     def _run(self, tensors: list[Any], run: Callable[[], None], result: Any) -> Any:
         """Set up the communicator for `tensors`, run `run()` (Gloo, waited), return finished work."""
-        self._bind(self._route(tensors))
-        run()
+        routed = self._route(tensors)
+        self._bind(routed)
+        if not (cuda_shapes.enabled() and any(unwrap(t).is_meta for t in routed)):
+            run()  # shapes only: tensors without data exchange nothing
         return torch_internals.completed_work(result)
 
     @property
@@ -855,6 +857,8 @@ class SimNcclGroup(PythonGroup):
         tensor = _one(tensors)
         _check_tensor(tensor, p2p=True)
         _check_dtype(tensor)
+        if cuda_shapes.enabled() and unwrap(tensor).is_meta:
+            return torch_internals.completed_work([tensor])  # shapes only: nothing to send or receive
         setup = self._pair(tensor, peer)
         work = _TransferWork(setup, start(_flat(unwrap(tensor))), tensor)
         self._in_flight = [w for w in self._in_flight if not w.is_completed()] + [work]

@@ -86,6 +86,9 @@ INTERNALS: dict[str, str] = {
     "torch.distributed.fsdp._init_utils._init_device_handle": "FSDP1's device_id=<index> means cuda:<index>",
     "torch.distributed.fsdp._init_utils._get_compute_device": "FSDP1 computes on cuda:k, not on the hidden device",
     "torch.distributed.fsdp._init_utils._materialize_meta_module": "FSDP1 materialises meta modules on cuda:k",
+    "torch._C._current_autograd_node": (
+        "out-of-memory in backward waits until backward returns: C++ would abort unwinding it through the guard"
+    ),
 }
 
 
@@ -433,6 +436,16 @@ def on_storage_resize(hook: Callable[[torch.UntypedStorage, int], None]) -> None
     """Have `hook(storage, nbytes)` called before `storage.resize_(nbytes)` of storages `show_storage_on` marked."""
     if hook not in _storage_resize_hooks:
         _storage_resize_hooks.append(hook)
+
+
+def in_backward() -> bool:
+    """Whether the autograd engine is running a node on this thread (a C++ node calls our ops).
+
+    An exception raised by an op of the hidden device there unwinds through the engine's
+    stream guard, whose destructor calls the Python device guard with the Python error
+    still set: the process aborts ("terminate called without an active exception").
+    """
+    return torch._C._current_autograd_node() is not None
 
 
 def show_storage_on(storage: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:

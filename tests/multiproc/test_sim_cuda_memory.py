@@ -347,3 +347,59 @@ def test_fsdp2_frees_its_unsharded_parameters_after_each_use(world_size):
     assert shards <= torch.cuda.memory_allocated() - x.numel() * 4 < shards + 64 * 1024
     # in between, each layer's whole weight was gathered (1 MiB) and freed again
     assert torch.cuda.max_memory_allocated() >= shards // 2 + MiB
+
+
+@distributed_test(world_size=SIZES, device="cuda", gpu="memory=150MiB,capability=8.0")
+def test_out_of_memory_in_backward_is_raised_as_backward_returns(local_rank):
+    def step(batch):
+        model = torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 8192)).cuda(),
+            device_ids=[local_rank],
+        )
+        out = model(torch.randn(batch, 1024, device="cuda"))
+        out.square().mean().backward()  # at batch 1000 the forward fits, the backward does not
+
+    step(64)
+    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory"):
+        step(1000)
+    step(64)  # the process goes on, as on a GPU
+
+
+# -- shapes only ------------------------------------------------------------------------------------
+
+
+@distributed_test(world_size=SIZES, device="cuda", gpu="H100", shapes_only=True)
+def test_shapes_only_fills_a_card_without_touching_the_host(local_rank, world_size):
+    rss = _max_rss()
+    big = torch.empty(16 * GiB, dtype=torch.uint8, device="cuda")  # nothing on the host
+    weights = torch.randn(32768, 32768, device="cuda")  # 4 GiB
+    product = weights @ weights  # computed as a shape
+    assert product.shape == (32768, 32768) and product.device == torch.device("cuda", local_rank)
+    assert torch.cuda.memory_allocated() == 16 * GiB + 8 * GiB
+    assert _max_rss() - rss < 256 * MiB
+    assert product.sum().item() == 0.0 and product[:2, :2].cpu().tolist() == [[0.0, 0.0], [0.0, 0.0]]
+    small = torch.tensor([1, 2, 3], device="cuda")  # small tensors keep their data
+    assert small.sum().item() == 6
+    dist.all_reduce(small)
+    assert small.tolist() == [world_size, 2 * world_size, 3 * world_size]
+    dist.all_reduce(weights)  # tensors without data exchange nothing
+    with pytest.raises(torch.OutOfMemoryError, match="GPU .* has a total capacity of 79.19 GiB"):
+        torch.empty(60 * GiB, dtype=torch.uint8, device="cuda")
+    del big, weights, product
+
+
+@distributed_test(world_size=[2], device="cuda", gpu="L4", shapes_only=True)
+def test_shapes_only_runs_a_ddp_step_and_counts_its_peak(local_rank):
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(8192, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 8192)).cuda(),
+        device_ids=[local_rank],
+    )  # 512 MiB of weights
+    optimizer = torch.optim.AdamW(model.parameters())
+    torch.cuda.reset_peak_memory_stats()
+    loss = model(torch.randn(4096, 8192, device="cuda")).square().mean()
+    loss.backward()
+    optimizer.step()
+    assert loss.item() == 0.0  # values mean nothing here
+    # weights, gradients, DDP's buckets and Adam's two moments stay: 5 x 512 MiB
+    assert torch.cuda.memory_allocated() >= 5 * 512 * MiB
+    assert torch.cuda.max_memory_allocated() > torch.cuda.memory_allocated()
