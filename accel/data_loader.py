@@ -184,9 +184,9 @@ def prepare_data_loader(
     batch_size = dataloader.batch_size
     if split_batches and batch_size is not None and batch_size % num_processes != 0:
         raise ValueError(
-            f"split_batches=True needs a batch size that the number of processes divides: batch_size={batch_size} "
-            f"cannot be split across num_processes={num_processes}. Use a batch size that is a multiple of "
-            f"{num_processes}, or split_batches=False."
+            "split_batches=True needs a batch size that is a round multiple of the number of processes: "
+            f"batch_size={batch_size} cannot be split across num_processes={num_processes}. Use a batch size that "
+            f"is a multiple of {num_processes}, or split_batches=False."
         )
     options = LoaderOptions(
         num_processes=num_processes,

@@ -49,22 +49,12 @@ class CudaDeviceProperties:
     @classmethod
     def of(cls, model: gpu_models.GpuModel, physical: int) -> CudaDeviceProperties:
         """The properties of host GPU `physical`, a `model` card."""
+        # the card's figures under the names they share, then those a card does not have alone
+        shared = {f.name: getattr(model, f.name) for f in dataclasses.fields(cls) if hasattr(model, f.name)}
         return cls(
-            name=model.name,
-            major=model.major,
-            minor=model.minor,
-            total_memory=model.total_memory,
-            multi_processor_count=model.multi_processor_count,
-            is_integrated=model.is_integrated,
-            is_multi_gpu_board=model.is_multi_gpu_board,
-            max_threads_per_multi_processor=model.max_threads_per_multi_processor,
-            max_threads_per_block=1024,
-            warp_size=model.warp_size,
-            regs_per_multiprocessor=model.regs_per_multiprocessor,
-            shared_memory_per_block=model.shared_memory_per_block,
-            shared_memory_per_block_optin=model.shared_memory_per_block_optin,
-            shared_memory_per_multiprocessor=model.shared_memory_per_multiprocessor,
+            **shared,
             L2_cache_size=model.l2_cache_size,
+            max_threads_per_block=1024,
             uuid=cuda_state.uuid_of(physical).removeprefix("GPU-"),
             gcnArchName=model.name,  # what a CUDA build reports there
             pci_bus_id=0x18 + physical,
