@@ -209,16 +209,51 @@ class DeviceMemory:
         # The counters every allocation and free changes (this runs for every new storage of
         # a simulated GPU, so unrolled): bytes and number of the blocks, bytes requested; in
         # all pools and in the block's own. (With one stream, "active" equals "allocated".)
-        for stat, amount in zip(self._hot[small], (size, size, nbytes, nbytes, 1, 1), strict=True):
-            if count > 0:
-                current = stat.current + amount
-                stat.current = current
-                stat.allocated += amount
-                if current > stat.peak:
-                    stat.peak = current
-            else:
-                stat.current -= amount
-                stat.freed += amount
+        a0, a1, r0, r1, n0, n1 = self._hot[small]
+        if count > 0:
+            v = a0.current + size
+            a0.current = v
+            a0.allocated += size
+            if v > a0.peak:
+                a0.peak = v
+            v = a1.current + size
+            a1.current = v
+            a1.allocated += size
+            if v > a1.peak:
+                a1.peak = v
+            v = r0.current + nbytes
+            r0.current = v
+            r0.allocated += nbytes
+            if v > r0.peak:
+                r0.peak = v
+            v = r1.current + nbytes
+            r1.current = v
+            r1.allocated += nbytes
+            if v > r1.peak:
+                r1.peak = v
+            v = n0.current + 1
+            n0.current = v
+            n0.allocated += 1
+            if v > n0.peak:
+                n0.peak = v
+            v = n1.current + 1
+            n1.current = v
+            n1.allocated += 1
+            if v > n1.peak:
+                n1.peak = v
+        else:
+            a0.current -= size
+            a0.freed += size
+            a1.current -= size
+            a1.freed += size
+            r0.current -= nbytes
+            r0.freed += nbytes
+            r1.current -= nbytes
+            r1.freed += nbytes
+            n0.current -= 1
+            n0.freed += 1
+            n1.current -= 1
+            n1.freed += 1
 
     def _new_segment(self, size: int, small: bool) -> Block:
         alloc = allocation_size(size)

@@ -111,7 +111,7 @@ class SimCudaTensor(torch.Tensor):
             if device is not None:
                 out = _draw(device.index or 0, func, inner_args, {}) if facts[1] else func(*inner_args)
                 if type(out) is torch.Tensor:
-                    if _COUNTING:
+                    if _COUNTING and not facts[4]:  # a view's storage is its base's, counted already
                         _track(out, device.index or 0)
                     self = _make_wrapper(SimCudaTensor, out, _HIDDEN[device.index or 0], False)
                     self._inner = out
@@ -303,8 +303,9 @@ _RESHAPING = {
 _FACTS = "_accel_sim_cuda_facts"
 
 
-def _facts(func: Any) -> tuple[Any, bool, bool, bool]:
-    """(special handler or None, draws random numbers, tracks its argument wrappers, may reshape an argument).
+def _facts(func: Any) -> tuple[Any, bool, bool, bool, bool]:
+    """(special handler or None, draws random numbers, tracks its argument wrappers, may reshape an argument,
+    returns a view of an argument: no new storage to count).
 
     An op that writes into an argument and returns something (add_, out= ops) returns that
     argument: its wrappers are tracked so the very wrapper is given back. One that returns
@@ -323,7 +324,7 @@ def _facts(func: Any) -> tuple[Any, bool, bool, bool]:
             # ops come here whole; a GPU runs their decomposition, so do we (`to.device` would
             # otherwise copy the inner CPU tensor to the hidden device: a wrapper in a wrapper).
             special = functools.partial(_decompose, func)
-        facts = (special, _SEEDED in func.tags, tracks, reshapes)
+        facts = (special, _SEEDED in func.tags, tracks, reshapes, func.is_view)
         setattr(func, _FACTS, facts)
     return facts
 
@@ -509,7 +510,7 @@ def add_special(handlers: dict[Any, Any]) -> None:
 def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     """Run aten op `func` whose arguments include simulated CUDA tensors."""
     facts = getattr(func, _FACTS, None)
-    special, seeded, tracks, reshapes = _facts(func) if facts is None else facts
+    special, seeded, tracks, reshapes, _ = _facts(func) if facts is None else facts
     if special is not None:
         return special(args, kwargs)
     device = _one_gpu(args, kwargs)
