@@ -34,11 +34,18 @@ def _attention(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
-    if attn_mask is None and not dropout_p and not enable_gqa and query.dim() == 4:
+    if attn_mask is None and not dropout_p and not enable_gqa and query.dim() == 4 and _flash_capable():
         return aten._scaled_dot_product_flash_attention(query, key, value, 0.0, is_causal, scale=scale)[0]
     return aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
     )
+
+
+def _flash_capable() -> bool:
+    """Whether the simulated card has flash attention: torch's CUDA build needs sm_80 or newer for it."""
+    from accel.sim import cuda_properties
+
+    return cuda_properties.model().capability >= (8, 0)
 
 
 def _flash(args: tuple, kwargs: dict) -> Any:

@@ -403,3 +403,15 @@ def test_shapes_only_runs_a_ddp_step_and_counts_its_peak(local_rank):
     # weights, gradients, DDP's buckets and Adam's two moments stay: 5 x 512 MiB
     assert torch.cuda.memory_allocated() >= 5 * 512 * MiB
     assert torch.cuda.max_memory_allocated() > torch.cuda.memory_allocated()
+
+
+@pytest.mark.parametrize(("card", "flash"), [("A100-40GB", True), ("T4", False)])
+def test_attention_takes_the_flash_path_only_on_cards_that_have_it(card, flash):
+    def attend():
+        q = torch.randn(2, 4, 64, 32, device="cuda", requires_grad=True)
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return type(out.grad_fn).__name__
+
+    names = accel.sim.launch(attend, world_size=2, device="cuda", gpu=card)
+    # a GPU below sm_80 has no flash attention: torch takes another path there
+    assert all(("Flash" in name) == flash for name in names), names
