@@ -56,8 +56,9 @@ def run_script(script: str, script_args: list[str], env: dict[str, str], module:
             runpy.run_path(script, run_name="__main__")
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-    # the answer people simulate GPUs for: each GPU's peak memory against its card
-    report_peak_memory()
+        # the answer people simulate GPUs for, also when the script ends with sys.exit or
+        # fails (out of memory): each GPU's peak memory against its card
+        report_peak_memory()
 
 
 def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
