@@ -158,7 +158,9 @@ class WarnOnMove:
 
         moving = True
         if getattr(self.move, "__name__", "") == "to":
-            moving = torch._C._nn._parse_to(*args, **kwargs)[0] is not None
+            from accel.sim.torch_internals import parse_to  # the one home of private torch APIs
+
+            moving = parse_to(*args, **kwargs)[0] is not None
         if moving:
             # Accelerate's words and logger name (users' tests look for them)
             logging.getLogger("accel.big_modeling").warning(

@@ -102,7 +102,7 @@ def distributed_test(
         raise ValueError(f"@distributed_test(timeout=...) must be a positive number of seconds, got {timeout!r}")
     if gpu is not None or shapes_only:
         try:
-            check_gpu(gpu or "", devices, shapes_only=shapes_only)
+            check_gpu(gpu or "", devices)
         except ValueError as error:
             raise ValueError(f"@distributed_test: {error}") from None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -68,7 +69,7 @@ class GpuOptions:
     shapes_only: bool = False
 
 
-def check_gpu(gpu: str, device: str | Sequence[str], real_device: bool = False, shapes_only: bool = False) -> None:
+def check_gpu(gpu: str, device: str | Sequence[str], real_device: bool = False) -> None:
     """A card (or shapes only) is asked only of simulated GPUs, and the card must be one `gpu_models` knows."""
     devices = (device,) if isinstance(device, str) else tuple(device)
     what = f"gpu={gpu!r} names the card of" if gpu else "shapes_only=True applies to"
@@ -76,7 +77,6 @@ def check_gpu(gpu: str, device: str | Sequence[str], real_device: bool = False, 
         raise ValueError(f"{what} simulated GPUs: it needs device='cuda' (simulated), got {device!r}")
     if gpu:
         gpu_models.check(gpu)
-    del shapes_only  # valid with any simulated GPU
 
 
 def on_gpu(options: GpuOptions, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -90,8 +90,6 @@ def on_gpu(options: GpuOptions, fn: Callable[..., Any], *args: Any, **kwargs: An
         os.environ[gpu_models.GPU_ENV] = options.gpu
     if options.shapes_only:
         os.environ["ACCEL_SIM_SHAPES_ONLY"] = "1"
-    import sys
-
     fake_cuda = sys.modules.get("accel.sim.fake_cuda")  # loaded in simulated GPU ranks only
     if fake_cuda is not None:
         fake_cuda.reconfigure()  # the rank's set-up may have started CUDA before this call
@@ -103,8 +101,6 @@ def on_gpu(options: GpuOptions, fn: Callable[..., Any], *args: Any, **kwargs: An
 
 def report_peak_memory() -> None:
     """Print one line per simulated GPU this rank used: its peak memory against its card."""
-    import sys
-
     properties = sys.modules.get("accel.sim.cuda_properties")  # loaded in simulated GPU ranks only
     if properties is None:
         return
@@ -263,7 +259,7 @@ def launch(
     """
     check_options(world_size, device, timeout, real_device)
     if gpu is not None or shapes_only:
-        check_gpu(gpu or "", device, real_device, shapes_only)
+        check_gpu(gpu or "", device, real_device)
     if gpu is not None or report_memory or shapes_only:
         fn, args, kwargs = on_gpu, (GpuOptions(gpu, bool(report_memory), bool(shapes_only)), fn, *args), kwargs
     payload = serialize.dumps_call(fn, args, kwargs or {})
