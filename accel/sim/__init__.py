@@ -8,7 +8,7 @@ The parent side imports no torch: ranks are forked from a server that did.
 Modules: `launcher` (launch), `manager` (warm pools per configuration), `pool` (one
 pool of ranks, parent side), `worker` and `cleanslate` (inside a rank), `forking` (the
 fork server), `failures` (what went wrong where), `stacks`, `serialize`,
-`coverage_support`; `device_names`, `devices`, `fake_cuda`, `fake_xla` (the simulated
+`coverage_support`; `device_names`, `devices`, `fake_cuda`, `xla` (the simulated
 hardware). Simulated GPUs (`fake_cuda`) are made of `cuda_tensor` (CUDA tensors held in
 host memory), `device_rules` (CUDA's device checks and messages), `cuda_kernels`,
 `cuda_autocast`, `cuda_checkpoint`, `cuda_state`, and `torch_internals` (every private

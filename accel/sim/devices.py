@@ -9,7 +9,7 @@ accel's registry, named by `ACCEL_BACKEND`, plus whatever the user's code must s
 * "cuda": `accel.sim.fake_cuda` — LOCAL_WORLD_SIZE simulated GPUs whose CUDA tensors
   live in host memory, `torch.cuda` answering as on a GPU host, and the real CUDA
   backend on them with a "nccl" group carried by Gloo.
-* "xla": the stand-in `torch_xla` package in `fake_xla/`, put first on `sys.path` of
+* "xla": the stand-in `torch_xla` package in `xla/stub/`, put first on `sys.path` of
   this process only, so that the real XLA backend imports it as it would on a TPU.
 """
 
@@ -25,7 +25,7 @@ from accel.sim import adopt_group
 from accel.sim.device_names import DEVICES
 
 #: directory holding the stand-in `torch_xla` package (on `sys.path` in xla ranks only)
-FAKE_XLA_PATH = str(Path(__file__).resolve().parent / "fake_xla")
+FAKE_XLA_PATH = str(Path(__file__).resolve().parent / "xla" / "stub")
 
 
 def _check(device: str) -> None:
