@@ -20,8 +20,9 @@ HIDDEN_DEVICE = "simcuda"
 
 
 def invalid_ordinal_error() -> RuntimeError:
-    """What torch raises on a GPU host for a device index >= device_count()."""
-    return RuntimeError(
+    """What torch raises on a GPU host for a device index >= device_count() (CUDA errors are
+    `torch.AcceleratorError`, a RuntimeError, as a real H200 showed)."""
+    return torch.AcceleratorError(
         "CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously reported at some other "
         "API call, so the stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1"
     )

@@ -70,7 +70,8 @@ def _card(name: str, mib: int, cc: tuple[int, int], sms: int, l2_mib: float, sme
 CARDS: dict[str, GpuModel] = {
     "H100": _card("NVIDIA H100 80GB HBM3", 81089, (9, 0), 132, 50, 228),
     "H100-PCIE": _card("NVIDIA H100 PCIe", 81080, (9, 0), 114, 50, 228),
-    "H200": _card("NVIDIA H200", 143071, (9, 0), 132, 50, 228),
+    # read off a real H200 (torch 2.11, driver 580): total_memory 150109880320 B, 60 MB of L2
+    "H200": _card("NVIDIA H200", 143156, (9, 0), 132, 60, 228),
     "A100-80GB": _card("NVIDIA A100-SXM4-80GB", 81050, (8, 0), 108, 40, 164),
     "A100-40GB": _card("NVIDIA A100-SXM4-40GB", 40354, (8, 0), 108, 40, 164),
     "L40S": _card("NVIDIA L40S", 45458, (8, 9), 142, 96, 100),
