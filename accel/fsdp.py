@@ -27,6 +27,7 @@ import contextlib
 import copy
 import functools
 import os
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -127,33 +128,35 @@ class FSDP2Strategy:
     def __init__(self, plugin: Any) -> None:
         check_version(plugin)
         self.plugin = plugin
+        # the parameters sharded so far, by id of the parameter they replace (held weakly: an id is only
+        # trusted while its parameter lives), for optimizers prepared after their model
+        self._moved: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
 
     # -- prepare ------------------------------------------------------------------------------
 
     def shard(self, accelerator: Any, objects: Sequence[Any]) -> list[Any]:
         """Shard the models among `objects` in place and point the optimizers among them at the shards.
 
-        As with Accelerate, a model and the optimizer over its parameters must be prepared in
-        the same call: the optimizer is rebuilt around the sharded parameters.
+        A model may be prepared before the optimizer over its parameters (Accelerate requires them in
+        the same call): the optimizer, prepared later, is pointed at the shards then.
         """
         from torch.distributed.fsdp import FSDPModule
 
         result = list(objects)
         models = [(i, m) for i, m in enumerate(result) if isinstance(m, nn.Module) and not isinstance(m, FSDPModule)]
         optimizers = [o for o in result if isinstance(o, torch.optim.Optimizer)]
-        if models and not optimizers and any(p.requires_grad for _, m in models for p in m.parameters()):
-            raise ValueError(
-                "When using FSDP2, a model and optimizer must be passed together to `Accelerator.prepare()` as the "
-                "optimizer needs to have its parameters modified after the model is converted."
-            )
         for index, model in models:
             before = {_canonical(n): p for n, p in model.named_parameters()}
             sharded = self.shard_model(accelerator, model)
             after = {_canonical(n): p for n, p in sharded.named_parameters()}
-            mapping = {id(p): after[n] for n, p in before.items() if n in after}
-            for optimizer in optimizers:
-                _rebind_optimizer(optimizer, mapping)
+            for name, old in before.items():
+                if name in after and after[name] is not old:
+                    self._moved[id(old)] = (weakref.ref(old), after[name])
             result[index] = sharded
+        live = {key: new for key, (ref, new) in self._moved.items() if ref() is not None}
+        self._moved = {key: self._moved[key] for key in live}
+        for optimizer in optimizers:
+            _rebind_optimizer(optimizer, live)
         return result
 
     def shard_model(self, accelerator: Any, model: nn.Module) -> nn.Module:
@@ -294,78 +297,104 @@ class FSDP2Strategy:
 
         return bool(self.plugin.state_dict_type == StateDictType.FULL_STATE_DICT)
 
+    def save_model(self, accelerator: Any, model: nn.Module, output_dir: str, index: int = 0) -> None:
+        """Write `model`'s state into `output_dir` in Accelerate's FSDP layout (the model's `index`-th place)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        os.makedirs(output_dir, exist_ok=True)
+        state = get_model_state_dict(model, options=self._options(accelerator.num_processes))
+        if self._is_full():
+            if accelerator.process_index == 0:
+                name = f"{FSDP_MODEL_NAME}.bin" if index == 0 else f"{FSDP_MODEL_NAME}_{index}.bin"
+                torch.save(state, os.path.join(output_dir, name))
+            return
+        folder = os.path.join(output_dir, f"{FSDP_MODEL_NAME}_{index}")
+        os.makedirs(folder, exist_ok=True)
+        dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(folder))
+
+    def save_optimizer(
+        self, accelerator: Any, optimizer: Any, model: nn.Module, output_dir: str, index: int = 0
+    ) -> None:
+        """Write `optimizer`'s state (over `model`'s sharded parameters) into `output_dir` in Accelerate's layout."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        os.makedirs(output_dir, exist_ok=True)
+        options = self._options(accelerator.num_processes)
+        state: Any = get_optimizer_state_dict(model, _inner(optimizer), options=options)
+        if self._is_full():
+            if accelerator.process_index == 0:
+                name = f"{OPTIMIZER_NAME}.bin" if index == 0 else f"{OPTIMIZER_NAME}_{index}.bin"
+                torch.save(state, os.path.join(output_dir, name))
+            return
+        folder = os.path.join(output_dir, f"{OPTIMIZER_NAME}_{index}")
+        os.makedirs(folder, exist_ok=True)
+        dcp.save({"optimizer": state}, storage_writer=dcp.FileSystemWriter(folder))
+
+    def load_model(self, accelerator: Any, model: nn.Module, input_dir: str, index: int = 0) -> None:
+        """Restore `model` from what `save_model` (or Accelerate's `save_fsdp_model`) wrote in `input_dir`."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        options = self._options(accelerator.num_processes)
+        if self._is_full():
+            reads = accelerator.process_index == 0 or not options.broadcast_from_rank0
+            name = f"{FSDP_MODEL_NAME}.bin" if index == 0 else f"{FSDP_MODEL_NAME}_{index}.bin"
+            state = _read(os.path.join(input_dir, name)) if reads else {}
+        else:
+            folder = os.path.join(input_dir, f"{FSDP_MODEL_NAME}_{index}")
+            if not os.path.isdir(folder) and os.path.isfile(os.path.join(input_dir, ".metadata")):
+                folder = input_dir  # Accelerate also takes the distributed checkpoint's folder itself
+            wrapped = {"model": get_model_state_dict(model, options=options)}
+            dcp.load(wrapped, storage_reader=dcp.FileSystemReader(_existing(folder)))
+            state = wrapped["model"]
+        set_model_state_dict(model, state, options=options)
+
+    def load_optimizer(
+        self, accelerator: Any, optimizer: Any, model: nn.Module, input_dir: str, index: int = 0
+    ) -> None:
+        """Restore `optimizer` from what `save_optimizer` (or Accelerate's `save_fsdp_optimizer`) wrote."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        options = self._options(accelerator.num_processes)
+        inner = _inner(optimizer)
+        if self._is_full():
+            reads = accelerator.process_index == 0 or not options.broadcast_from_rank0
+            name = f"{OPTIMIZER_NAME}.bin" if index == 0 else f"{OPTIMIZER_NAME}_{index}.bin"
+            state = _read(os.path.join(input_dir, name)) if reads else {}
+        else:
+            folder = os.path.join(input_dir, f"{OPTIMIZER_NAME}_{index}")
+            if not os.path.isdir(folder) and os.path.isfile(os.path.join(input_dir, ".metadata")):
+                folder = input_dir
+            holder: Any = {"optimizer": get_optimizer_state_dict(model, inner, options=options)}
+            dcp.load(holder, storage_reader=dcp.FileSystemReader(_existing(folder)))
+            state = holder["optimizer"]
+        if self._is_full() and not _saved_any_state(state, broadcast=bool(options.broadcast_from_rank0)):
+            # An optimizer without per-parameter state (plain SGD): torch's loader needs a tensor to place
+            # the state by; only the groups' hyperparameters are there to restore.
+            _load_group_settings(inner, state, broadcast=bool(options.broadcast_from_rank0))
+            return
+        set_optimizer_state_dict(model, inner, state, options=options)
+
     def save_models(
         self, accelerator: Any, output_dir: str, models: Sequence[nn.Module], optimizers: Sequence[Any]
     ) -> None:
         """Write the models' and optimizers' states into `output_dir` in Accelerate's FSDP layout."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-        options = self._options(accelerator.num_processes)
-        main = accelerator.process_index == 0
         for i, model in enumerate(models):
-            state = get_model_state_dict(model, options=options)
-            if self._is_full():
-                if main:
-                    name = f"{FSDP_MODEL_NAME}.bin" if i == 0 else f"{FSDP_MODEL_NAME}_{i}.bin"
-                    torch.save(state, os.path.join(output_dir, name))
-            else:
-                folder = os.path.join(output_dir, f"{FSDP_MODEL_NAME}_{i}")
-                os.makedirs(folder, exist_ok=True)
-                dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(folder))
+            self.save_model(accelerator, model, output_dir, i)
         for i, optimizer in enumerate(optimizers):
-            optim_state: Any = get_optimizer_state_dict(
-                _model_of(optimizer, models), optimizer.optimizer, options=options
-            )
-            if self._is_full():
-                if main:
-                    name = f"{OPTIMIZER_NAME}.bin" if i == 0 else f"{OPTIMIZER_NAME}_{i}.bin"
-                    torch.save(optim_state, os.path.join(output_dir, name))
-            else:
-                folder = os.path.join(output_dir, f"{OPTIMIZER_NAME}_{i}")
-                os.makedirs(folder, exist_ok=True)
-                dcp.save({"optimizer": optim_state}, storage_writer=dcp.FileSystemWriter(folder))
+            self.save_optimizer(accelerator, optimizer, _model_of(optimizer, models), output_dir, i)
 
     def load_models(
         self, accelerator: Any, input_dir: str, models: Sequence[nn.Module], optimizers: Sequence[Any]
     ) -> None:
         """Restore what `save_models` (or Accelerate's FSDP `save_state`) wrote in `input_dir`."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            get_optimizer_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
-        options = self._options(accelerator.num_processes)
-        reads = accelerator.process_index == 0 or not options.broadcast_from_rank0
         for i, model in enumerate(models):
-            if self._is_full():
-                name = f"{FSDP_MODEL_NAME}.bin" if i == 0 else f"{FSDP_MODEL_NAME}_{i}.bin"
-                state = _read(os.path.join(input_dir, name)) if reads else {}
-            else:
-                folder = os.path.join(input_dir, f"{FSDP_MODEL_NAME}_{i}")
-                wrapped = {"model": get_model_state_dict(model, options=options)}
-                dcp.load(wrapped, storage_reader=dcp.FileSystemReader(_existing(folder)))
-                state = wrapped["model"]
-            set_model_state_dict(model, state, options=options)
+            self.load_model(accelerator, model, input_dir, i)
         for i, optimizer in enumerate(optimizers):
-            model = _model_of(optimizer, models)
-            if self._is_full():
-                name = f"{OPTIMIZER_NAME}.bin" if i == 0 else f"{OPTIMIZER_NAME}_{i}.bin"
-                state = _read(os.path.join(input_dir, name)) if reads else {}
-            else:
-                folder = os.path.join(input_dir, f"{OPTIMIZER_NAME}_{i}")
-                holder: Any = {"optimizer": get_optimizer_state_dict(model, optimizer.optimizer, options=options)}
-                dcp.load(holder, storage_reader=dcp.FileSystemReader(_existing(folder)))
-                state = holder["optimizer"]
-            if self._is_full() and not _saved_any_state(state, broadcast=bool(options.broadcast_from_rank0)):
-                # An optimizer without per-parameter state (plain SGD): torch's loader needs a tensor to place
-                # the state by; only the groups' hyperparameters are there to restore.
-                _load_group_settings(optimizer.optimizer, state, broadcast=bool(options.broadcast_from_rank0))
-                continue
-            set_optimizer_state_dict(model, optimizer.optimizer, state, options=options)
+            self.load_optimizer(accelerator, optimizer, _model_of(optimizer, models), input_dir, i)
 
 
 def strategy_for(state: Any) -> FSDP2Strategy | None:
@@ -384,7 +413,7 @@ def _rebind_optimizer(optimizer: torch.optim.Optimizer, mapping: dict[int, nn.Pa
     """Replace, in `optimizer`'s groups, the parameters that `mapping` (by id) knows by their sharded versions."""
     for group in optimizer.param_groups:
         group["params"] = [mapping.get(id(p), p) for p in group["params"]]
-    moved = {id(p) for p in mapping}
+    moved = set(mapping)
     stale = [p for p in list(optimizer.state) if id(p) in moved]
     if stale:
         raise ValueError(
@@ -413,6 +442,11 @@ def _load_group_settings(optimizer: torch.optim.Optimizer, state: Any, broadcast
         )
     for group, settings in zip(optimizer.param_groups, saved, strict=True):
         group.update({k: v for k, v in settings.items() if k != "params"})
+
+
+def _inner(optimizer: Any) -> torch.optim.Optimizer:
+    """The torch optimizer under an `AcceleratedOptimizer` (or the optimizer itself)."""
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 def _model_of(optimizer: Any, models: Sequence[nn.Module]) -> nn.Module:

@@ -16,9 +16,13 @@ SCRIPTS = Path(accelerate.__file__).resolve().parent / "test_utils" / "scripts"
 HELPERS = Path(__file__).resolve().parent / "programs" / "accel_test_utils.py"
 
 
-def pointed_at_accel(script: str, folder: Path) -> Path:
-    """A copy of Accelerate's `script` whose imports name accel (its test helpers: accel_test_utils)."""
+def pointed_at_accel(script: str, folder: Path, edits: dict[str, str] | None = None) -> Path:
+    """A copy of Accelerate's `script` whose imports name accel (its test helpers: accel_test_utils); `edits`
+    replaces text of the script (each must be found)."""
     text = (SCRIPTS / f"{script}.py").read_text()
+    for old, new in (edits or {}).items():
+        assert old in text, f"{script}.py no longer holds {old!r}"
+        text = text.replace(old, new)
     text = re.sub(r"\baccelerate\.test_utils(\.testing|\.training)?\b", "accel_test_utils", text)
     text = re.sub(r"\baccelerate\b", "accel", text)
     shutil.copy(HELPERS, folder / "accel_test_utils.py")
@@ -27,11 +31,15 @@ def pointed_at_accel(script: str, folder: Path) -> Path:
     return target
 
 
-def run(script: str, device: str, folder: Path) -> str:
-    program = pointed_at_accel(script, folder)
+def run(
+    script: str, device: str, folder: Path, edits: dict[str, str] | None = None, env: dict[str, str] | None = None
+) -> str:
+    program = pointed_at_accel(script, folder, edits)
     command = [sys.executable, "-m", "accel.commands.cli", "launch", "--simulate", device, "--num_processes", "2"]
-    env = dict(os.environ, ACCEL_USE_CPU="1") if device == "cpu" else None
-    result = subprocess.run([*command, str(program)], capture_output=True, text=True, timeout=600, env=env)
+    env = dict(os.environ, **(env or {}))
+    if device == "cpu":
+        env["ACCEL_USE_CPU"] = "1"
+    result = subprocess.run([*command, str(program)], capture_output=True, text=True, timeout=600, env=env, cwd=folder)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     return output
@@ -56,3 +64,21 @@ def test_accelerates_ddp_comm_hook_script_passes_against_accel_on_simulated_gpus
 )
 def test_accelerates_data_loop_script_against_accel(tmp_path):
     run("test_distributed_data_loop", "cpu", tmp_path)
+
+
+def test_accelerates_cli_script_passes_against_accel_on_simulated_gpus(tmp_path):
+    output = run("test_cli", "cuda", tmp_path)
+    assert "Successfully ran on 2 GPUs" in output
+
+
+def test_accelerates_merge_weights_script_passes_against_accel_on_simulated_gpus(tmp_path):
+    """Accelerate runs this script with FSDP1 (its plugin's default), which accel refuses: it runs here with FSDP2
+    (FSDP_VERSION=2), where a model's state dict holds DTensors, compared whole (`full_tensor()`) with the merged
+    weights. Everything else is the script's own: the model prepared before its optimizer, save_fsdp_model,
+    merge_fsdp_weights and the merge-weights command, safetensors and torch.save."""
+    loop = "    for weight_1, weight_2 in zip(state_1.values(), state_2.values()):\n"
+    whole = "        weight_1 = weight_1.full_tensor() if hasattr(weight_1, 'full_tensor') else weight_1\n"
+    output = run("test_merge_weights", "cuda", tmp_path, edits={loop: loop + whole}, env={"FSDP_VERSION": "2"})
+    assert "Merged FSDP weights saved to test_merge_weights_fsdp_weights/model.safetensors" in output
+    assert "Merged FSDP weights saved to test_merge_weights_fsdp_weights/pytorch_model.bin" in output
+    assert not (tmp_path / "test_merge_weights_fsdp_weights").exists()  # the script cleans up after itself

@@ -173,6 +173,13 @@ _EXPORTS = {
     ],
     "accel.utils.saving": ["save", "clean_state_dict_for_safetensors"],
     "accel.utils.loading": ["load"],
+    "accel.utils.fsdp_utils": [
+        "save_fsdp_model",
+        "load_fsdp_model",
+        "save_fsdp_optimizer",
+        "load_fsdp_optimizer",
+        "merge_fsdp_weights",
+    ],
     "accel.utils.progress": ["tqdm"],
     "accel.utils.imports": IS_AVAILABLE,
     "accel.utils.metrics": ["gather_for_metrics"],
@@ -310,6 +317,13 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
     )
     from accel.utils.loading import (
         load as load,
+    )
+    from accel.utils.fsdp_utils import (
+        save_fsdp_model as save_fsdp_model,
+        load_fsdp_model as load_fsdp_model,
+        save_fsdp_optimizer as save_fsdp_optimizer,
+        load_fsdp_optimizer as load_fsdp_optimizer,
+        merge_fsdp_weights as merge_fsdp_weights,
     )
     from accel.utils.progress import (
         tqdm as tqdm,
