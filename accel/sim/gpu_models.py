@@ -50,12 +50,12 @@ class GpuModel:
         return (self.major, self.minor)
 
 
-def _card(name: str, mib: int, cc: tuple[int, int], sms: int, l2_mib: float, smem_kib: int) -> GpuModel:
+def _card(name: str, mib: float, cc: tuple[int, int], sms: int, l2_mib: float, smem_kib: int) -> GpuModel:
     """A table entry: `smem_kib` is the shared memory per SM; a block may opt in to all but 1 KiB of it."""
     threads = 1536 if cc in ((8, 6), (8, 9)) else 1024 if cc == (7, 5) else 2048
     return GpuModel(
         name=name,
-        total_memory=mib * MiB,
+        total_memory=int(mib * MiB),
         major=cc[0],
         minor=cc[1],
         multi_processor_count=sms,
@@ -71,7 +71,7 @@ CARDS: dict[str, GpuModel] = {
     "H100": _card("NVIDIA H100 80GB HBM3", 81089, (9, 0), 132, 50, 228),
     "H100-PCIE": _card("NVIDIA H100 PCIe", 81080, (9, 0), 114, 50, 228),
     # read off a real H200 (torch 2.11, driver 580): total_memory 150109880320 B, 60 MB of L2
-    "H200": _card("NVIDIA H200", 143156, (9, 0), 132, 60, 228),
+    "H200": _card("NVIDIA H200", 143155.9375, (9, 0), 132, 60, 228),
     "A100-80GB": _card("NVIDIA A100-SXM4-80GB", 81050, (8, 0), 108, 40, 164),
     "A100-40GB": _card("NVIDIA A100-SXM4-40GB", 40354, (8, 0), 108, 40, 164),
     "L40S": _card("NVIDIA L40S", 45458, (8, 9), 142, 96, 100),
