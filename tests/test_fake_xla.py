@@ -47,15 +47,17 @@ def xla_probe(tmp_dir):
 
     state = PartialState()
     hw = state.hardware
-    rank, world = xm.get_ordinal(), xm.xrt_world_size()
+    rank, world = xr.global_ordinal(), xr.world_size()
     seen = {
         "simulated": torch_xla.SIMULATED,
         "type": str(state.distributed_type),
         "hw": type(hw).__name__,
         "pg_backend": dist.get_backend(),
-        "device": str(xm.xla_device()),
+        "device": str(torch_xla.device()),
+        "xm_device": str(xm.xla_device()),
         "state_device": str(state.device),
-        "hw_kind": xm.xla_device_hw(xm.xla_device()),
+        "hw_kind": xm.xla_device_hw(torch_xla.device()),
+        "removed": [hasattr(xm, name) for name in ("xrt_world_size", "get_ordinal")],
         "ordinals": (rank, xm.get_local_ordinal(), world, xm.is_master_ordinal(), xm.is_master_ordinal(local=False)),
         "runtime": (
             xr.global_ordinal(),
@@ -70,69 +72,68 @@ def xla_probe(tmp_dir):
         xm.master_print("hello", rank)
     seen["printed"] = printed.getvalue()
 
-    mine = torch.tensor([[rank, rank + 0.5]])
+    device = torch_xla.device()
+    mine = torch.tensor([[rank, rank + 0.5]], device=device)
     seen["gather0"] = xm.all_gather(mine, dim=0).tolist()
     seen["gather1"] = xm.all_gather(mine, dim=1).tolist()
-    out = torch.empty(world, 2)
+    out = torch.empty(world, 2, device=device)
     seen["gather_out"] = xm.all_gather(mine, output=out) is out and out.tolist() == seen["gather0"]
-    value = torch.tensor([rank + 1.0])
+    value = torch.tensor([rank + 1.0], device=device)
     seen["reduce"] = {
         kind: xm.all_reduce(kind, value).item() for kind in (xm.REDUCE_SUM, xm.REDUCE_MUL, xm.REDUCE_MIN, xm.REDUCE_MAX)
     }
     seen["reduce_bits"] = (
-        xm.all_reduce(xm.REDUCE_AND, torch.tensor([3 | (1 << (rank + 2))])).item(),
-        xm.all_reduce(xm.REDUCE_OR, torch.tensor([1 << rank])).item(),
+        xm.all_reduce(xm.REDUCE_AND, torch.tensor([3 | (1 << (rank + 2))], device=device)).item(),
+        xm.all_reduce(xm.REDUCE_OR, torch.tensor([1 << rank], device=device)).item(),
     )
     seen["input_untouched"] = value.item() == rank + 1.0
     seen["scaled"] = xm.all_reduce(xm.REDUCE_SUM, value, scale=1.0 / world).item()
-    pair = [torch.tensor([1.0]), torch.tensor([float(rank)])]
+    pair = [torch.tensor([1.0], device=device), torch.tensor([float(rank)], device=device)]
     returned = xm.all_reduce(xm.REDUCE_SUM, pair)
     seen["in_place"] = (returned is pair, [t.item() for t in pair])
-    with pytest.raises(ValueError, match="reduce_type"):
+    with pytest.raises(ValueError, match="Invalid reduce type"):
         xm.all_reduce("avg", value)
-    with pytest.raises(NotImplementedError, match="groups"):
-        xm.all_reduce(xm.REDUCE_SUM, value, groups=[[0, 1]])
-    target = [torch.full((2,), float(rank))]
+    target = [torch.full((2,), float(rank), device=device)]
     xm.collective_broadcast(target, root_ordinal=world - 1)
     seen["broadcast"] = target[0].tolist()
     seen["rendezvous"] = xm.rendezvous("probe", f"r{rank}".encode())
     seen["mesh"] = xm.mesh_reduce("mesh", {"r": rank}, lambda items: sorted(item["r"] for item in items))
-    try:
-        xm.rendezvous(f"tag-of-{rank}")
-    except RuntimeError as error:
-        seen["tag_mismatch"] = str(error)
+    # As torch_xla's: the tag names the rendezvous in logs only; replicas meet whatever its tag.
+    seen["tag_mismatch"] = xm.rendezvous(f"tag-of-{rank}", b"x")
 
     # optimizer_step averages gradients over replicas, then steps.
-    param = torch.nn.Parameter(torch.zeros(3))
+    param = torch.nn.Parameter(torch.zeros(3, device=device))
     optimizer = torch.optim.SGD([param], lr=1.0)
     (param * (rank + 1)).sum().backward()
     xm.optimizer_step(optimizer)
     seen["param"] = param.detach().tolist()
 
     steps_before = torch_xla._sim_state.steps
-    xm.mark_step()
+    with pytest.warns(DeprecationWarning, match="Use torch_xla.sync instead"):
+        xm.mark_step()
     torch_xla.sync()
     seen["steps"] = torch_xla._sim_state.steps - steps_before
 
     path = os.path.join(tmp_dir, "saved.pt")
-    xm.save({"w": torch.tensor([float(rank)])}, path)  # master only, then everyone waits
+    xm.save({"w": torch.tensor([float(rank)], device=device)}, path)  # master only
+    xm.rendezvous("saved")  # as torch_xla's docs say: xm.save does not wait
     seen["saved"] = torch.load(path)["w"].item()
 
     xm.set_rng_state(77)
     seen["rng"] = xm.get_rng_state()
 
     loader = torch.utils.data.DataLoader(torch.arange(10.0), batch_size=4)
-    device_loader = MpDeviceLoader(loader, xm.xla_device())
+    device_loader = MpDeviceLoader(loader, device)
     before = torch_xla._sim_state.steps
     batches = [batch.tolist() for batch in device_loader]
     seen["loader"] = (len(device_loader), batches, torch_xla._sim_state.steps - before)
 
     # accel's real XLA backend on top of it.
-    gathered = torch.empty(world)
-    hw.all_gather_into(gathered, torch.tensor([float(rank)]))
+    gathered = torch.empty(world, device=device)
+    hw.all_gather_into(gathered, torch.tensor([float(rank)], device=device))
     seen["hw_gather"] = gathered.tolist()
-    seen["hw_reduce"] = hw.all_reduce(torch.tensor([float(rank)]), op="max").item()
-    seen["hw_broadcast"] = hw.broadcast(torch.tensor([float(rank)]), src=1).item()
+    seen["hw_reduce"] = hw.all_reduce(torch.tensor([float(rank)], device=device), op="max").item()
+    seen["hw_broadcast"] = hw.broadcast(torch.tensor([float(rank)], device=device), src=1).item()
     seen["hw_objects"] = hw.all_gather_object(rank)
     seen["hw_bcast_objects"] = hw.broadcast_object_list([rank], src=1)
     hw.barrier()
@@ -166,7 +167,8 @@ def test_state_and_topology(probed):
     world, seen = probed
     for rank, s in enumerate(seen):
         assert s["simulated"] and s["type"] == "XLA" and s["hw"] == "XLABackend"
-        assert s["pg_backend"] == "xla" and s["device"] == s["state_device"] == "cpu"
+        assert s["pg_backend"] == "xla" and s["device"] == s["state_device"] == s["xm_device"]
+        assert s["removed"] == [False, False]  # gone from today's torch_xla
         assert s["hw_kind"] == "TPU"
         assert s["ordinals"] == (rank, rank, world, rank == 0, rank == 0)
         assert s["runtime"] == (rank, rank, world, world, "TPU")
@@ -190,7 +192,7 @@ def test_xla_model_collectives(probed):
         assert s["broadcast"] == [world - 1.0] * 2
         assert s["rendezvous"] == [f"r{r}".encode() for r in range(world)]
         assert s["mesh"] == list(range(world))
-        assert "different tags" in s["tag_mismatch"]
+        assert s["tag_mismatch"] == [b"x"] * world
 
 
 def test_training_helpers(probed):
@@ -201,8 +203,9 @@ def test_training_helpers(probed):
         assert s["steps"] == 2
         assert s["saved"] == 0.0  # written by the master replica only
         assert s["rng"] == 77
-        # 3 batches of a 10-item loader, the step of each cut when the next is asked for
-        assert s["loader"] == (3, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], 3)
+        # 3 batches of a 10-item loader; as torch_xla's, each next() cuts the step before (4 calls), and the
+        # one that finds the loader exhausted cuts one more
+        assert s["loader"] == (3, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], 5)
 
 
 def test_accel_xla_backend_runs_unchanged(probed):
@@ -222,16 +225,17 @@ def lone_replica_probe(tmp_dir):
     import os
 
     import torch.distributed as dist
+    import torch_xla
     import torch_xla.core.xla_model as xm
 
     from accel.state import PartialState
 
     state = PartialState()
-    value = torch.tensor([2.0, 3.0])
+    value = torch.tensor([2.0, 3.0], device=torch_xla.device())
     path = os.path.join(tmp_dir, "one.pt")
     xm.save({"v": value}, path)
-    param = torch.nn.Parameter(torch.ones(2))
-    param.grad = torch.full((2,), 0.5)
+    param = torch.nn.Parameter(torch.ones(2, device=torch_xla.device()))
+    param.grad = torch.full((2,), 0.5, device=torch_xla.device())
     xm.optimizer_step(torch.optim.SGD([param], lr=1.0))
     return {
         "type": str(state.distributed_type),
@@ -251,7 +255,7 @@ def test_a_lone_replica_works_in_its_group_of_one(tmp_path):
     assert seen == {
         "type": "XLA",
         "group_size": 1,
-        "reduce": [1.0, 1.5],
+        "reduce": [2.0, 3.0],  # as torch_xla's: one replica, no reduction and no scale
         "gather": [2.0, 3.0],
         "rendezvous": [b"p"],
         "mesh": 4,

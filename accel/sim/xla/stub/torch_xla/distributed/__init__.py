@@ -1,1 +1,2 @@
-"""`torch_xla.distributed` of the simulator: the `xla` process group and the device loader."""
+"""`torch_xla.distributed` of the simulator: the "xla" process group, the device loaders, `xmp`,
+and SPMD / FSDP refused by name."""

@@ -1,32 +1,337 @@
-"""The `xla` process-group backend and the `xla://` init method, both on Gloo.
+"""The "xla" process group and the `xla://` init method of the simulator, carried by Gloo.
 
-Importing this module registers them, as importing the real one does, so that
+Importing this module registers both, as importing torch_xla's does, so that
 `torch.distributed.init_process_group("xla", init_method="xla://")` works in a simulated
-rank and `dist.get_backend()` answers "xla". The process group is a plain Gloo group
-over CPU tensors.
+TPU rank and `dist.get_backend()` answers "xla". A `ProcessGroupXla` is a Python process
+group, as torch_xla's is, with torch_xla's behaviour: it takes XLA tensors only ("Expected
+XLA tensor. Got: CPUFloatType"), refuses `ReduceOp.AVG` / `BXOR` / `PREMUL_SUM` as
+torch_xla does, `all_to_all_single` without split sizes only, and its `barrier` waits for
+nothing. Every collective hands the tensors' host copies (`accel.sim.xla.bridge.to_host`,
+which share their storage) to a `ProcessGroupGloo` of its own and writes results in place.
+
+`xm`'s collectives run over these groups too (`replica_group`, `sub_group`), through the
+public `torch.distributed` functions, so that the simulator's collective check and
+deadlock detection see them as they see any collective.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, AllToAllOptions, BroadcastOptions
 
 # The module, not the function `torch.distributed.rendezvous` that shadows its name.
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
-import torch_xla.runtime as xr  # noqa: E402  (after the rendezvous module is bound, as documented above)
+import torch_xla._sim_state as _state  # noqa: E402
+import torch_xla.runtime as xr  # noqa: E402
+from accel.sim.xla import bridge  # noqa: E402
 
 BACKEND_NAME = "xla"
 
+_logger = logging.getLogger(__name__)
 
-def _create_xla_process_group(store: Any, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:
-    group: dist.ProcessGroup = dist.ProcessGroupGloo(store, rank, size, timeout)  # type: ignore[assignment]  # a Backend, which torch accepts here
-    return group
+_SCALAR_NAMES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+}
+
+
+def type_string(tensor: torch.Tensor) -> str:
+    """ATen's name of `tensor`'s type, as torch_xla's errors print it ("CPUFloatType")."""
+    scalar = _SCALAR_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch.").capitalize())
+    return f"{tensor.device.type.upper()}{scalar}Type"
+
+
+def check_xla(tensors: Sequence[torch.Tensor]) -> None:
+    """torch_xla's refusal of a non-XLA tensor where its collectives expect XLA tensors."""
+    for index, tensor in enumerate(tensors):
+        if not bridge.is_xla_tensor(tensor):
+            if len(tensors) == 1:
+                raise RuntimeError(f"Expected XLA tensor. Got: {type_string(tensor)}")
+            raise RuntimeError(
+                "Expected all tensors in the given list to be XLA tensors. Element at index "
+                f"{index} is not an XLA tensor. Got: {type_string(tensor)}"
+            )
+
+
+def _work(result: Any) -> Any:
+    # As torch_xla's ProcessGroupXla: a work object already completed, holding the result.
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(result)
+    c10d_bindings: Any = torch._C._distributed_c10d  # (torch_xla calls the same private binding)
+    return c10d_bindings._create_work_from_future(future)
+
+
+def _reduce_op(op: Any) -> Any:
+    """`op` if Gloo and torch_xla both reduce with it; torch_xla's errors otherwise."""
+    kind = getattr(op, "op", op)  # PREMUL_SUM is an op object
+    allowed = (
+        dist.ReduceOp.SUM,
+        dist.ReduceOp.PRODUCT,
+        dist.ReduceOp.BAND,
+        dist.ReduceOp.BOR,
+        dist.ReduceOp.MIN,
+        dist.ReduceOp.MAX,
+    )
+    if kind in allowed:
+        return kind
+    if kind == dist.ReduceOp.BXOR:
+        raise NotImplementedError(f"reduce op {op}")
+    raise ValueError(f"Invalid reduce op {op}")
+
+
+class _Host:
+    """The host tensor of a device tensor, contiguous; `done()` writes a contiguous copy back."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.device_tensor = tensor
+        self.shared = bridge.to_host(tensor)
+        self.tensor = self.shared if self.shared.is_contiguous() else self.shared.contiguous()
+
+    def done(self) -> None:
+        if self.tensor is not self.shared:
+            self.shared.copy_(self.tensor)
+
+
+#: torch's stubs type the methods a Python group overrides with C++ overloads
+_ProcessGroup: Any = dist.ProcessGroup
+
+
+class ProcessGroupXla(_ProcessGroup):
+    """torch_xla's "xla" process group, carried by a Gloo group of its own (module docstring)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        self.prefix_store = store
+        self.timeout = timeout
+        self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    def getBackendName(self) -> str:  # torch's name
+        return BACKEND_NAME
+
+    # A Python group has no C++ backend to keep its name and description in.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return getattr(self, "_group_name", "")
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_group_desc", "")
+
+    # -- host transport ----------------------------------------------------------------
+
+    def _allreduce_host(self, tensors: list[torch.Tensor], op: Any) -> None:
+        hosts = [_Host(t) for t in tensors]
+        opts = AllreduceOptions()
+        opts.reduceOp = op
+        for host in hosts:
+            self._gloo.allreduce([host.tensor], opts).wait()
+            host.done()
+
+    def _gather_host(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every member's `tensor` (host copies, in group rank order)."""
+        host = bridge.to_host(tensor).contiguous()
+        parts = [torch.empty_like(host) for _ in range(self.size())]
+        self._gloo.allgather([parts], [host], AllgatherOptions()).wait()
+        return parts
+
+    def _reduced_copy(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
+        """A host copy of `tensor`, reduced over the group (the input untouched)."""
+        host = bridge.to_host(tensor).contiguous().clone()
+        opts = AllreduceOptions()
+        opts.reduceOp = op
+        self._gloo.allreduce([host], opts).wait()
+        return host
+
+    # -- collectives ------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        check_xla(tensors)
+        self._allreduce_host(tensors, op)
+        return _work(tensors)
+
+    def allreduce_coalesced(self, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def _allgather_base(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, opts: Any = None) -> Any:
+        check_xla([output_tensor, input_tensor])
+        if input_tensor.dim() == 0:
+            input_tensor = input_tensor.reshape(1)
+        result = torch.cat(self._gather_host(input_tensor), dim=0)
+        out = bridge.to_host(output_tensor)
+        if result.shape == output_tensor.shape:
+            out.copy_(result)
+            return _work([output_tensor])
+        stacked = torch.stack(torch.split(result, input_tensor.shape[0], dim=0), dim=0)
+        if stacked.shape == output_tensor.shape:
+            out.copy_(stacked)
+            return _work([output_tensor])
+        raise ValueError(
+            f"Input shape {input_tensor.shape} and output shape {output_tensor.shape} are not compatible for "
+            "all_gather_into_tensor. Input must be stacked or concatenated to create output."
+        )
+
+    def allgather(self, output_tensors_list: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts=None):
+        for input_tensor, output_tensors in zip(input_tensors, output_tensors_list, strict=True):
+            check_xla([input_tensor, *output_tensors])
+            for output, part in zip(output_tensors, self._gather_host(input_tensor), strict=True):
+                bridge.to_host(output).copy_(part.reshape(output.shape))
+        return _work([t for outputs in output_tensors_list for t in outputs])
+
+    def allgather_coalesced(self, output_tensors_list, input_tensors, opts=None):
+        return self.allgather(output_tensors_list, input_tensors, opts)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        root = tensors[opts.rootTensor]
+        check_xla([root])
+        host = _Host(root)
+        options = BroadcastOptions()
+        options.rootRank, options.rootTensor = opts.rootRank, 0
+        self._gloo.broadcast([host.tensor], options).wait()
+        host.done()
+        return _work([root])
+
+    def _reduce_scatter_one(self, output: torch.Tensor, flat_input: torch.Tensor, op: Any) -> None:
+        reduced = self._reduced_copy(flat_input, op)
+        mine = torch.chunk(reduced, self.size(), dim=0)[self.rank()]
+        bridge.to_host(output).copy_(mine.reshape(output.shape))
+
+    def reduce_scatter(self, output_tensors, input_tensors_list, opts):
+        op = _reduce_op(opts.reduceOp)
+        for input_tensors, output_tensor in zip(input_tensors_list, output_tensors, strict=True):
+            first_shape = input_tensors[0].shape
+            for i, t in enumerate(input_tensors[1:]):
+                if first_shape != t.shape:
+                    raise ValueError(f"Input {i + 1}'s shape is different from input 0: {t.shape} vs {first_shape}")
+            check_xla([output_tensor, *input_tensors])
+            self._reduce_scatter_one(output_tensor, torch.cat(input_tensors), op)
+        return _work(output_tensors)
+
+    def reduce_scatter_coalesced(self, output_tensors, input_tensors_list, opts):
+        return self.reduce_scatter(output_tensors, input_tensors_list, opts)
+
+    def _reduce_scatter_base(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, opts: Any) -> Any:
+        op = _reduce_op(opts.reduceOp)
+        check_xla([output_tensor, input_tensor])
+        if input_tensor.numel() != output_tensor.numel() * self.size():
+            raise ValueError(
+                f"reduce_scatter_tensor: the input has {input_tensor.numel()} elements, not the output's "
+                f"{output_tensor.numel()} times the group's {self.size()} members"
+            )
+        self._reduce_scatter_one(output_tensor, input_tensor.reshape(-1), op)
+        return _work(output_tensor)
+
+    def barrier(self, opts: Any = None) -> Any:
+        # torch_xla's barrier returns at once: XLA orders collectives by the graphs they are in.
+        return _work([])
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        op = _reduce_op(opts.reduceOp)
+        check_xla(tensors)
+        for tensor in tensors:
+            reduced = self._reduced_copy(tensor, op)
+            if self.rank() == opts.rootRank:
+                bridge.to_host(tensor).copy_(reduced)
+        return _work(tensors)
+
+    def alltoall(self, output_tensor_list, input_tensor_list, opts=None):
+        check_xla([*output_tensor_list, *input_tensor_list])
+        stacked = torch.stack([bridge.to_host(t) for t in input_tensor_list], dim=0).contiguous()
+        received = torch.empty_like(stacked)
+        self._gloo.alltoall_base(received, stacked, [], [], AllToAllOptions()).wait()
+        for part, output in zip(received, output_tensor_list, strict=True):
+            bridge.to_host(output).copy_(part)
+        return _work(output_tensor_list)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        assert (not output_split_sizes) and (not input_split_sizes), (
+            "XLA doesn't support specifying non-empty output_split_sizes and input_split_sizes"
+        )
+        check_xla([output, input])
+        host_in = bridge.to_host(input).contiguous()
+        host_out = _Host(output)
+        self._gloo.alltoall_base(host_out.tensor, host_in, [], [], AllToAllOptions()).wait()
+        host_out.done()
+        return _work(output)
+
+    def gather(self, output_tensors_list, input_tensor_list, opts):
+        for i, input_tensor in enumerate(input_tensor_list):
+            check_xla([input_tensor])
+            parts = self._gather_host(input_tensor)
+            if self.rank() == opts.rootRank:
+                for output, part in zip(output_tensors_list[i], parts, strict=True):
+                    bridge.to_host(output).copy_(part.reshape(output.shape))
+        return _work(output_tensors_list if self.rank() == opts.rootRank else [[]])
+
+    def scatter(self, output_tensor_list, input_tensors_list, opts):
+        for i, output in enumerate(output_tensor_list):
+            check_xla([output])
+            if self.rank() == opts.rootRank:
+                source = torch.stack([bridge.to_host(t) for t in input_tensors_list[i]]).contiguous()
+            else:
+                source = torch.empty((self.size(), *output.shape), dtype=output.dtype)
+            options = BroadcastOptions()
+            options.rootRank, options.rootTensor = opts.rootRank, 0
+            self._gloo.broadcast([source], options).wait()
+            bridge.to_host(output).copy_(source[self.rank()])
+        return _work(output_tensor_list)
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Any:
+        _logger.warning(
+            "Individual send/recv ops are inefficient on an XLA device. Consider using "
+            "xla_model.collective_permute() and specifying all source-target pairs."
+        )
+        check_xla(tensors)
+        for tensor in tensors:
+            self._gloo.send([bridge.to_host(tensor).contiguous()], dst_rank, tag).wait()
+        return _work(tensors)
+
+    def recv(self, out_tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> Any:
+        _logger.warning(
+            "Individual send/recv ops are inefficient on an XLA device. Consider using "
+            "xla_model.collective_permute() and specifying all source-target pairs."
+        )
+        check_xla(out_tensors)
+        for tensor in out_tensors:
+            host = _Host(tensor)
+            self._gloo.recv([host.tensor], src_rank, tag).wait()
+            host.done()
+        return _work(out_tensors)
+
+    def recv_anysource(self, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def monitored_barrier(self, *args: Any) -> Any:
+        raise NotImplementedError
+
+
+def _create_xla_process_group(store: Any, rank: int, size: int, timeout: timedelta) -> ProcessGroupXla:
+    return ProcessGroupXla(store, rank, size, timeout)
 
 
 def _xla_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30), **kwargs: Any) -> Iterator[Any]:
@@ -38,10 +343,55 @@ def _xla_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30)
     yield from _rendezvous.rendezvous("env://", rank, world_size, timeout=timeout)
 
 
+# -- the groups xm's collectives run on ----------------------------------------------------
+
+
+def replica_group() -> ProcessGroupXla:
+    """The "xla" group of every replica: the default group when it is one, else one made for xm (once)."""
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "torch_xla (accel simulator): this rank has no process group to carry XLA collectives (the "
+            "simulator makes one in each rank; was it destroyed?); call "
+            "torch.distributed.init_process_group('xla', init_method='xla://') first"
+        )
+    default = dist.distributed_c10d._get_default_group()
+    if isinstance(default, ProcessGroupXla):
+        return default
+    cached = _state.replica_group
+    if cached is None or cached[0] is not default:
+        # The script made a default group of another backend: XLA's collectives still span every replica.
+        _state.replica_group = cached = (default, dist.new_group(backend=BACKEND_NAME))
+    group: ProcessGroupXla = cached[1]
+    return group
+
+
+def sub_group(groups: Sequence[Sequence[int]]) -> ProcessGroupXla:
+    """This replica's group among the replica groups `groups` (which must split all replicas evenly)."""
+    world = xr.world_size()
+    key = tuple(tuple(int(r) for r in g) for g in groups)
+    members = sorted(r for g in key for r in g)
+    if members != list(range(world)):
+        raise ValueError(f"replica groups {[list(g) for g in key]} must name each of the {world} replicas exactly once")
+    base = replica_group()
+    cached = _state.sub_groups.get(key)
+    if cached is not None and cached[0] is base:
+        return cached[1]
+    me = xr.global_ordinal()
+    mine = None
+    for ranks in key:  # every replica creates every group, in the same order (torch's rule)
+        group = dist.new_group(ranks=list(ranks), backend=BACKEND_NAME)
+        if me in ranks:
+            mine = group
+    _state.sub_groups[key] = (base, mine)
+    assert mine is not None  # every replica is in one of the groups (checked above)
+    return mine
+
+
 def _register() -> None:
     # Registration is process-wide and torch refuses a second one; importing twice is fine.
     if BACKEND_NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(BACKEND_NAME, _create_xla_process_group, devices=["cpu"])
+        # The device type of this rank's XLA device ("xla", as torch_xla registers it).
+        dist.Backend.register_backend(BACKEND_NAME, _create_xla_process_group, devices=[bridge.xla_device().type])
     if BACKEND_NAME not in _rendezvous._rendezvous_handlers:
         _rendezvous.register_rendezvous_handler(BACKEND_NAME, _xla_rendezvous_handler)
 

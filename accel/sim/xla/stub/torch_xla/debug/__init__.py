@@ -1,0 +1,1 @@
+"""`torch_xla.debug` of the simulator."""
