@@ -24,7 +24,7 @@ def test_importing_accel_leaves_torch_untouched():
 import torch
 real = (torch.cuda.is_available, torch.Tensor.to, torch.tensor, torch.cuda.manual_seed)
 import accel, accel.sim, accel.sim.fake_cuda, accel.sim.devices, accel.sim.cuda_tensor, accel.sim.cuda_kernels
-import accel.sim.cuda_autocast, accel.sim.cuda_checkpoint, accel.sim.cuda_group, accel.sim.torch_internals
+import accel.sim.cuda_autocast, accel.sim.cuda_checkpoint, accel.sim.cuda_group, accel.sim.core.torch_internals
 from accel import Accelerator
 now = (torch.cuda.is_available, torch.Tensor.to, torch.tensor, torch.cuda.manual_seed)
 assert now == real, now

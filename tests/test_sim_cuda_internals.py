@@ -1,4 +1,4 @@
-"""The private torch APIs simulated GPUs rely on (accel/sim/torch_internals.py): one check each.
+"""The private torch APIs simulated GPUs rely on (accel/sim/core/torch_internals.py): one check each.
 
 When a torch upgrade breaks one, the failing test names it and says what it was for.
 Presence is checked here, in the test process (nothing is installed); what each one
@@ -10,7 +10,8 @@ import os
 import pytest
 import torch
 
-from accel.sim import fake_cuda, torch_internals
+from accel.sim import fake_cuda
+from accel.sim.core import torch_internals
 from harness import distributed_test
 
 
@@ -18,7 +19,7 @@ from harness import distributed_test
 def test_each_internal_is_still_there(name):
     assert torch_internals._has_dotted(name), (
         f"torch {torch.__version__} no longer has {name}, which simulated GPUs need for: "
-        f"{torch_internals.INTERNALS[name]}. Adapt accel/sim/torch_internals.py (supported: "
+        f"{torch_internals.INTERNALS[name]}. Adapt accel/sim/core/torch_internals.py (supported: "
         f"{', '.join(torch_internals.SUPPORTED_TORCH)})."
     )
 

@@ -62,10 +62,12 @@ class XLABackend(Backend):
         _xm().set_rng_state(seed)
 
     def get_rng_state(self) -> torch.Tensor:
-        return torch.tensor(_xm().get_rng_state())
+        # XLA's seed is an unsigned 64-bit integer: held in an int64 tensor bit for bit
+        seed = int(_xm().get_rng_state())
+        return torch.tensor(seed - (1 << 64) if seed >= 1 << 63 else seed, dtype=torch.int64)
 
     def set_rng_state(self, state: torch.Tensor) -> None:
-        _xm().set_rng_state(int(state.item()))
+        _xm().set_rng_state(int(state.item()) & ((1 << 64) - 1))
 
     def checkpoint_rng_states(self) -> dict[str, Any]:
         return {"xm_seed": _xm().get_rng_state()}

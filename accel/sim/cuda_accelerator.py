@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from accel.sim import cuda_state, torch_internals
+from accel.sim import cuda_state
+from accel.sim.core import torch_internals
 
 CUDA = torch.device("cuda")
 

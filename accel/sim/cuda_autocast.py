@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from accel.sim import cuda_state, torch_internals
+from accel.sim import cuda_state
+from accel.sim.core import torch_internals
 from accel.sim.cuda_tensor import SimCudaTensor
 
 aten = torch.ops.aten

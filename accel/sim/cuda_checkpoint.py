@@ -19,7 +19,8 @@ from typing import Any
 import torch
 import torch.serialization
 
-from accel.sim import cuda_state, torch_internals
+from accel.sim import cuda_state
+from accel.sim.core import torch_internals
 from accel.sim.cuda_tensor import SimCudaTensor
 
 #: attribute marking a loaded storage as belonging to a simulated GPU

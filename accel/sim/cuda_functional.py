@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives  # defines _c10d_functional._wrap_tensor_autograd
 
-from accel.sim import torch_internals
+from accel.sim.core import torch_internals
 
 functional = torch.ops._c10d_functional
 

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accel.sim import torch_internals
+from accel.sim.core import torch_internals
+from accel.sim.core.torch_internals import gloo_all_gather_single, gloo_reduce_scatter_single
 from accel.sim.cuda_tensor import is_simulated_cuda
 from accel.sim.nccl_group import PythonGroup, SimNcclGroup
-from accel.sim.torch_internals import gloo_all_gather_single, gloo_reduce_scatter_single
 
 __all__ = ["BACKEND_NAME", "PythonGroup", "SimCudaGroup", "register"]
 

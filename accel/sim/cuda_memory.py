@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from accel.sim import torch_internals
+from accel.sim.core import torch_internals
 from accel.sim.gpu_models import GpuModel
 
 K_MIN_BLOCK = 512

@@ -4,7 +4,7 @@
 code sees `device(type='cuda', index=k)`, `is_cuda`, and `device='cuda:k'` when
 printed; C++ sees a device of its own (PrivateUse1, named `simcuda`), on which autograd
 runs. Every op on such tensors comes through `__torch_dispatch__`, which applies CUDA's
-device rules (`accel.sim.device_rules`), runs the op on the inner CPU tensors, draws
+device rules (`accel.sim.core.device_rules`), runs the op on the inner CPU tensors, draws
 random numbers from the simulated GPU's own generator, and wraps the results.
 
 The stable names other modules build on: `is_simulated_cuda(t)`, `unwrap(t)` (the inner
@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from accel.sim import cuda_memory, cuda_shapes, cuda_state, device_rules, torch_internals
+from accel.sim import cuda_memory, cuda_shapes, cuda_state
+from accel.sim.core import device_rules, torch_internals
 
 aten = torch.ops.aten
 _make_wrapper = torch_internals.make_wrapper

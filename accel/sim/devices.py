@@ -9,8 +9,10 @@ accel's registry, named by `ACCEL_BACKEND`, plus whatever the user's code must s
 * "cuda": `accel.sim.fake_cuda` — LOCAL_WORLD_SIZE simulated GPUs whose CUDA tensors
   live in host memory, `torch.cuda` answering as on a GPU host, and the real CUDA
   backend on them with a "nccl" group carried by Gloo.
-* "xla": the stand-in `torch_xla` package in `xla/stub/`, put first on `sys.path` of
-  this process only, so that the real XLA backend imports it as it would on a TPU.
+* "xla": `accel.sim.xla.device` — the process's simulated TPU core, whose tensors are
+  XLA tensors on `xla:0` held in host memory — and the stand-in `torch_xla` package in
+  `xla/stub/`, put first on `sys.path` of this process only, so that the real XLA
+  backend imports it as it would on a TPU.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ def prepare_rank(device: str) -> None:
         register_backend(fake_cuda.SimCUDABackend, "cuda", replace=True)
         os.environ[ENV_VAR] = fake_cuda.SimCUDABackend.name
     else:
+        from accel.sim.xla import device as xla_device
+
+        xla_device.install()
         _install_fake_xla()
         os.environ[ENV_VAR] = "xla"
     # A script's own init_process_group adopts or replaces the group the rank makes next.
@@ -67,6 +72,9 @@ def reset_rank(device: str) -> None:
         os.environ[ENV_VAR] = fake_cuda.SimCUDABackend.name
     else:
         # The launcher may have restored sys.path between tests: keep torch_xla findable.
+        from accel.sim.xla import bridge
+
+        bridge.reset()
         _install_fake_xla()
         importlib.import_module("torch_xla._sim_state").reset()
         os.environ[ENV_VAR] = "xla"

@@ -54,8 +54,8 @@ from accel.sim import (
     cuda_state,
     cuda_tensor,
     gpu_models,
-    torch_internals,
 )
+from accel.sim.core import hidden, torch_internals
 from accel.sim.cuda_state import DEFAULT_CUDA_SEED
 
 __all__ = [
@@ -368,12 +368,9 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
     gpus = cuda_state.install(count, local_rank % count)
     gpus.on_start.append(_on_cuda_start)
     if not _registered:
-        torch_internals.register_python_backend(cuda_state.HIDDEN_DEVICE, _HiddenDeviceModule())
+        hidden.register(cuda_state.HIDDEN_DEVICE, _HiddenDeviceModule())  # autograd on the calling thread
         torch_internals.serve_pinned_memory()
         torch_internals.answer_cuda_bad_fork()
-        # The hidden device's guard reports one device: autograd then runs every node on
-        # the thread that called backward() (the results are the same).
-        torch.autograd.set_multithreading_enabled(False)
         cuda_kernels.install()
         cuda_autocast.install()
         cuda_checkpoint.install()

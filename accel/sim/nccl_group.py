@@ -61,7 +61,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from accel.sim import cuda_shapes, cuda_state, torch_internals
+from accel.sim import cuda_shapes, cuda_state
+from accel.sim.core import torch_internals
 from accel.sim.cuda_tensor import is_simulated_cuda, unwrap
 
 #: the name torch knows this backend by

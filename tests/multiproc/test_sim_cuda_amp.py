@@ -36,7 +36,7 @@ def test_autocast_applies_cuda_policy(rank, dtype):
 
 @distributed_test(world_size=SIZES, device="cuda")
 def test_autocast_policy_is_the_one_torch_declares_for_cuda():
-    from accel.sim import torch_internals
+    from accel.sim.core import torch_internals
 
     lists = torch_internals.autocast_op_lists()
     lower = {name for name, _ in lists["lower"]}

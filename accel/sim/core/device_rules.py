@@ -1,21 +1,24 @@
-"""Which devices an op accepts together, and the error a CUDA build gives when they differ.
+"""Which devices an op accepts together, and the error the real device gives when they differ.
 
-The rules of CUDA kernels, as a simulated GPU must apply them: all tensor arguments on
-one device, except that a 0-dim CPU tensor may join CUDA tensors (it is read as a
-scalar), copies cross devices, and indexing accepts CPU index tensors. CUDA has two
-messages for a mismatch, and the simulator gives the one the same op gives on a GPU:
-pointwise ops (TensorIterator) say "found at least two devices, cuda:0 and cpu!", the
-other ops check argument by argument and name the first one on another device.
+Shared by the simulated devices. The walk over an op's tensor arguments is common: all
+tensor arguments on one device, except that a 0-dim CPU tensor may join device tensors
+(it is read as a scalar), copies cross devices, and indexing accepts CPU index tensors.
+What a mismatch raises is the device's own: `common_device(..., mismatch=...)` calls the
+device's function. CUDA's (`mismatch_error`, the default) has two messages, and the
+simulator gives the one the same op gives on a GPU: pointwise ops (TensorIterator) say
+"found at least two devices, cuda:0 and cpu!", the other ops check argument by argument
+and name the first one on another device. XLA's words are in `accel.sim.xla.rules`.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from accel.sim import torch_internals
+from accel.sim.core import torch_internals
 
 aten = torch.ops.aten
 
@@ -116,8 +119,12 @@ def mismatch_error(func: Any, args: tuple, kwargs: dict, common: torch.device, o
     )
 
 
-def common_device(func: Any, args: tuple, kwargs: dict) -> torch.device | None:
-    """The device `func` computes on, given its arguments; raises as CUDA does on a mismatch.
+#: what a device raises when `func` gets tensors on `common` and `other`: f(func, args, kwargs, common, other)
+Mismatch = Callable[[Any, tuple, dict, torch.device, torch.device], BaseException]
+
+
+def common_device(func: Any, args: tuple, kwargs: dict, mismatch: Mismatch | None = None) -> torch.device | None:
+    """The device `func` computes on, given its arguments; raises `mismatch(...)` (default: CUDA's) on a mismatch.
 
     None when no argument is a tensor.
     """
@@ -140,7 +147,7 @@ def common_device(func: Any, args: tuple, kwargs: dict) -> torch.device | None:
         elif common_is_cpu_scalar:
             common, common_is_cpu_scalar = device, False
         else:
-            raise mismatch_error(func, args, kwargs, common, device)
+            raise (mismatch or mismatch_error)(func, args, kwargs, common, device)
 
     for position, value in enumerate(args):
         if isinstance(value, torch.Tensor):
