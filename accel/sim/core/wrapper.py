@@ -110,6 +110,47 @@ class WrapperTensor(torch.Tensor):
     def __torch_dispatch__(  # type: ignore[override]  # classmethod form torch documents
         cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
+        # The common case inline (every op comes here): no keyword arguments, nothing special,
+        # no argument reshaped, all tensors of this class on one device. Else: `dispatch`.
+        facts = getattr(func, _FACTS, None)
+        if facts is None:
+            facts = _facts(func)
+        if kwargs or facts[0] is not None or facts[3]:
+            return dispatch(cls, func, args, kwargs or {})
+        device = None
+        inner_args = []
+        for value in args:
+            kind = type(value)
+            if kind is cls:
+                shown = value._shown
+                if device is None:
+                    device = shown
+                elif shown is not device and shown != device:
+                    break
+                inner_args.append(value._inner)
+            elif isinstance(value, torch.Tensor) or (
+                (kind is list or kind is tuple) and value and isinstance(value[0], torch.Tensor)
+            ):
+                break  # lists of tensors, CPU tensors: the general path
+            else:
+                inner_args.append(value)
+        else:
+            if device is not None:
+                if facts[1]:
+                    with on_generator(cls._sim.generator(device.index or 0)):
+                        out = func(*inner_args)
+                else:
+                    out = func(*inner_args)
+                if facts[2]:  # written into an argument (add_, ...): that very wrapper comes back
+                    seen = {id(value._inner): value for value in args if type(value) is cls}
+                    same = seen.get(id(out))
+                    return same if same is not None else _wrap_results(cls, out, seen, device)
+                if type(out) is torch.Tensor:
+                    self = _make_wrapper(cls, out, cls._sim.hidden_devices[device.index or 0], False)
+                    self._inner = out
+                    self._shown = device
+                    return self
+                return _wrap_results(cls, out, {}, device)
         return dispatch(cls, func, args, kwargs or {})
 
     # A "traceable wrapper subclass": nn.Module.to swaps parameter objects instead of
