@@ -15,7 +15,7 @@ steps = 0
 steps_cleared = 0
 #: closures queued by `xm.add_step_closure`, run at the next graph cut
 step_closures: list[Callable[[], Any]] = []
-#: whether `torch_xla.compile` has said that it runs eagerly (once per rank process)
+#: whether `torch_xla.compile` has said that it runs eagerly (once per process, or per task in warm ranks)
 compile_warned = False
 #: the persistent compilation cache path given to `torch_xla.runtime.initialize_cache`
 cache_path: str | None = None
@@ -28,11 +28,12 @@ sub_groups: dict[Any, Any] = {}
 
 def reset() -> None:
     """Forget everything a test did to the simulated device."""
-    global rng_seed, steps, steps_cleared, cache_path, replica_group
+    global rng_seed, steps, steps_cleared, compile_warned, cache_path, replica_group
     rng_seed = DEFAULT_SEED
     steps = 0
     steps_cleared = 0
     step_closures.clear()
+    compile_warned = False
     cache_path = None
     replica_group = None
     sub_groups.clear()

@@ -238,7 +238,8 @@ def _all_reduce_in_place(tensors: list[torch.Tensor], op: Any, scale: float, gro
             flat = torch.cat([t.reshape(-1) for t in same])
             dist.all_reduce(flat, op=op, group=group)
         if scale != 1.0:
-            flat.mul_(scale)
+            # XLA multiplies by the scale as a constant of the tensor's type (an integer one truncates it).
+            flat.mul_(scale if flat.is_floating_point() or flat.is_complex() else int(scale))
         if flat is not same[0]:
             offset = 0
             with torch.no_grad():
@@ -342,7 +343,7 @@ def _reduce_scatter_tensor(
             dist.reduce_scatter_tensor(out, moved, op=op, group=_group(groups))
             result = out.movedim(0, scatter_dim)
         if scale != 1.0:
-            result = result * scale
+            result = result * (scale if result.is_floating_point() or result.is_complex() else int(scale))
     return result
 
 
@@ -647,13 +648,17 @@ def get_stablehlo(tensors: list[torch.Tensor] | None = None) -> str:
 
 
 def set_rng_state(seed: int, device: Any = None) -> None:
-    """Seed the XLA generator (an integer state, as torch_xla's)."""
+    """Seed the XLA generator (an integer state, as torch_xla's): what the device's next random op draws from."""
     _state.rng_seed = int(seed)
+    device_seed = getattr(bridge, "set_rng_state", None)  # the device's own generator, where it has one
+    if device_seed is not None:
+        device_seed(int(seed), device)
 
 
 def get_rng_state(device: Any = None) -> int:
-    """The XLA generator's state (its seed)."""
-    return _state.rng_seed
+    """The XLA generator's running state (XLA moves it on after each random op)."""
+    device_seed = getattr(bridge, "get_rng_state", None)
+    return int(device_seed(device)) if device_seed is not None else _state.rng_seed
 
 
 @contextlib.contextmanager

@@ -323,6 +323,26 @@ class ProcessGroupXla(_ProcessGroup):
             host.done()
         return _work(out_tensors)
 
+    # torch >= 2.13 calls the single-tensor collectives by these names
+    def all_gather_single(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, opts: Any = None) -> Any:
+        return self._allgather_base(output_tensor, input_tensor, opts)
+
+    def reduce_scatter_single(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, opts: Any) -> Any:
+        return self._reduce_scatter_base(output_tensor, input_tensor, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts=None):
+        for output, input_tensor in zip(outputs, inputs, strict=True):
+            self._allgather_base(output, input_tensor, opts)
+        return _work(outputs)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts):
+        for output, input_tensor in zip(outputs, inputs, strict=True):
+            self._reduce_scatter_base(output, input_tensor, opts)
+        return _work(outputs)
+
     def recv_anysource(self, *args: Any) -> Any:
         raise NotImplementedError
 
