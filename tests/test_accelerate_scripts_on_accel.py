@@ -57,13 +57,12 @@ def test_accelerates_ddp_comm_hook_script_passes_against_accel_on_simulated_gpus
     assert "Test DDP comm hook: batched_power_sgd, comm wrapper: bf16" in output
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="its stateful-dataloader checks use dispatch_batches=True with use_stateful_dataloader=True, which accel "
-    "refuses on purpose (docs/compat.md, data loaders); everything before them passes",
-)
-def test_accelerates_data_loop_script_against_accel(tmp_path):
-    run("test_distributed_data_loop", "cpu", tmp_path)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_accelerates_data_loop_script_passes_against_accel(tmp_path, device):
+    # its stateful checks run the dispatcher (an iterable dataset) with use_stateful_dataloader=True, too
+    output = run("test_distributed_data_loop", device, tmp_path)
+    assert "Test DataLoader with sampler as an instance of `BatchSampler`" in output
+    assert "Traceback" not in output
 
 
 def test_accelerates_cli_script_passes_against_accel_on_simulated_gpus(tmp_path):

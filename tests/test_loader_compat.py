@@ -94,9 +94,26 @@ def test_stateful_loader_without_torchdata_says_what_to_install(monkeypatch):
         prepare_data_loader(_source("shuffled"), num_processes=1, process_index=0, use_stateful_dataloader=True)
 
 
-def test_stateful_dispatch_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="dispatch_batches=False"):
-        prepare_data_loader(_source("stream"), dispatch_batches=True, use_stateful_dataloader=True)
+@pytest.mark.parametrize("kind", ["shuffled", "stream"])
+def test_a_stateful_dispatcher_resumes_from_its_own_state(kind):
+    # one process here; on 2 and 4: tests/multiproc/test_sharded_loading.py
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    torch.manual_seed(1)
+    source = _source(kind)
+    loader = prepare_data_loader(source, dispatch_batches=True, use_stateful_dataloader=True)
+    assert isinstance(loader, DataLoaderDispatcher) and isinstance(loader, StatefulDataLoader)
+    iterator = iter(loader)
+    seen = _values(next(iterator) for _ in range(4))
+    state = loader.state_dict()
+    # four batches handed out: the one the dispatcher read ahead is not counted
+    assert state["stateful_dataloader"]["_num_yielded"] == 4 and state["batches_yielded"] == 4
+    rest = _values(iterator)
+    torch.manual_seed(2)
+    resumed = prepare_data_loader(source, dispatch_batches=True, use_stateful_dataloader=True)
+    resumed.load_state_dict(state)
+    assert _values(resumed) == rest and len(seen) + len(rest) == 10
+    assert sorted(sum(seen + rest, [])) == list(range(20))
 
 
 def test_skip_first_batches_keeps_the_stateful_loader():

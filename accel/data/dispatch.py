@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from accel.data.progress import _END, LoaderProgress, check_device_mesh
+from accel.data.progress import _END, LoaderProgress, _is_stateful, _stateful_base, check_device_mesh
 from accel.utils.operations import TensorInformation, concatenate, find_batch_size, recursively_apply, slice_tensors
 
 _EMPTY = object()  # this process's share of a global batch has no rows
@@ -71,6 +71,9 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         dataset, **kwargs: as for `torch.utils.data.DataLoader` (per-process batch size).
         split_batches: each global batch is one batch of the wrapped loader.
         skip_batches: global batches to skip at the start of every iteration.
+        use_stateful_dataloader: the main process loads through torchdata's `StatefulDataLoader`;
+            `state_dict` then holds its state as of the last global batch handed out (taken
+            before the main process reads the next one), from which a loaded pass resumes.
         slice_fn: `slice_fn(batch, slice, process_index=, num_processes=)` taking a
             process's rows (default `slice_tensors`).
         device: where to put the slices (default: the communication device).
@@ -99,12 +102,6 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         from accel.state import PartialState
 
         check_device_mesh(torch_device_mesh)
-        if use_stateful_dataloader:
-            raise NotImplementedError(
-                "use_stateful_dataloader=True is not supported with dispatch_batches=True (the main process reads "
-                "several batches ahead of what it hands out). Pass dispatch_batches=False, or leave "
-                "use_stateful_dataloader=False: the dispatcher resumes mid-epoch through its own state_dict."
-            )
         super().__init__(dataset, **kwargs)
         state = PartialState()
         self.state = state
@@ -126,6 +123,7 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         self.iteration = iteration
         self._first: Any = None
         self._pending: Any = _END  # main process: the prepared next global batch (_END: not fetched yet)
+        self._snapshot_of_current: Any = None  # main process: the stateful loader's state after the current batch
 
     # -- sizes -----------------------------------------------------------------------------
 
@@ -188,11 +186,15 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
             pieces.append(slice_tensors(source, slice(0, need % available)))
         return concatenate(pieces), rows, need
 
-    def _prepare_next(self, source: Iterator[Any]) -> tuple[Any, Any, int, int] | None:
-        """(global batch, its description, real rows, padding rows), or None when there is none left."""
+    def _prepare_next(self, source: Iterator[Any]) -> tuple[Any, Any, int, int, Any] | None:
+        """(global batch, its description, real rows, padding rows, the loader's state once it is read), or None
+        when there is none left."""
         batch = next(source, _END)
         if batch is _END:
             return None
+        # A stateful loader's state right after this global batch, before the main process reads the next one:
+        # the state to resume from once this batch is handed out.
+        snapshot = _stateful_base(self).state_dict(self) if _is_stateful(self) else None
         described = describe_batch(batch)
         evened = self._even_out(batch)
         if evened is None:  # a short last batch, dropped
@@ -200,7 +202,7 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
         if self._first is None:
             self._first = _clone(batch)
         batch, rows, padding = evened
-        return batch, describe_batch(batch) if padding else described, rows, padding
+        return batch, describe_batch(batch) if padding else described, rows, padding, snapshot
 
     def _next_header(self, source: Iterator[Any]) -> tuple[list[Any], Any]:
         """Main process: the header of the next global batch, and the batch (or the error met)."""
@@ -212,7 +214,7 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
                 return [("end",)], None
             # One global batch ahead, so that the header can say which batch is the last.
             self._pending = self._prepare_next(source)
-            batch, described, rows, padding = current
+            batch, described, rows, padding, self._snapshot_of_current = current
             return [("batch", described, rows, padding, self._pending is None)], batch
         except Exception as error:  # every process must learn of it, or they would wait forever
             return [("error", type(error).__name__, str(error))], error
@@ -220,11 +222,13 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
     # -- every process ---------------------------------------------------------------------------
 
     def _exchange(self, source: Iterator[Any] | None) -> Any:
-        """One global batch, as (this process's share or _EMPTY, padding, is last); None if there is none."""
+        """One global batch, as (this process's share or _EMPTY, padding, is last, the stateful loader's state
+        after it: main process only); None if there is none."""
         from accel.utils.operations import broadcast, broadcast_object_list, send_to_device
 
         comm_device = self.state.device
         payload = None
+        self._snapshot_of_current = None
         if source is not None:
             header, payload = self._next_header(source)
         else:
@@ -260,12 +264,13 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
             base, extra = divmod(rows, n)
             lo = r * base + min(r, extra)
             hi = lo + base + (1 if r < extra else 0)
+        snapshot = self._snapshot_of_current
         if hi <= lo:
-            return _EMPTY, padding, last
+            return _EMPTY, padding, last, snapshot
         mine = self.slice_fn(batch, slice(lo, hi), process_index=r, num_processes=n)
         if self.device is not None:
             mine = send_to_device(mine, self.device, non_blocking=self.non_blocking)
-        return mine, padding, last
+        return mine, padding, last, snapshot
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator of batches, not torch's iterator class
         start = self._start_epoch()
@@ -279,7 +284,7 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
             step = self._exchange(source)
             # Every process makes the same exchanges: one per global batch, one batch ahead.
             while step is not None:
-                share, padding, last = step
+                share, padding, last, snapshot = step
                 upcoming = None if last else self._exchange(source)
                 if upcoming is not None and upcoming[0] is _EMPTY:
                     # Nothing for this process in the (last) next batch: this one is its last.
@@ -290,6 +295,10 @@ class DataLoaderDispatcher(LoaderProgress, DataLoader):
                     self.remainder = padding
                     self.end_of_dataloader = True
                 position[0] += 1
+                if snapshot is not None:
+                    # the main process's loader state as of this batch (it read one global batch further)
+                    self.dl_state_dict = snapshot
+                    self.adjust_state_dict_for_prefetch()
                 yield share
                 step = upcoming
             self._complete_epoch()

@@ -350,3 +350,102 @@ def test_stateful_loader_state_is_saved_and_restored_by_accelerator(tmp_path, wo
     acc, loader = setup()
     acc.load_state(tmp_path / "ckpt")
     assert [_values(b) for b in loader] == rest and len(rest) == 3
+
+
+class _Stream(IterableDataset):
+    """A stream that cannot be split by index (the dispatcher's case), `length` rows of (i, 10 * i)."""
+
+    def __init__(self, length):
+        self.length = length
+
+    def __iter__(self):
+        return iter({"x": torch.tensor(i), "y": torch.tensor(10 * i)} for i in range(self.length))
+
+
+@distributed_test(world_size=SIZES, device=DEVICES, timeout=180)
+@pytest.mark.parametrize("kind", ["stream", "shuffled"])
+@pytest.mark.parametrize("split_batches", [False, True])
+def test_stateful_dispatcher_resumes_where_its_state_was_taken(world_size, kind, split_batches):
+    """dispatch_batches=True with use_stateful_dataloader=True: the main process reads one global batch ahead,
+    the state handed out is that of the batches given out; a loader loading it yields exactly the rest (a short
+    last batch, evened out, included), on every process, via state_dict and via the loader's own resume."""
+    pytest = __import__("pytest")
+    pytest.importorskip("torchdata")
+    from accel.data_loader import DataLoaderDispatcher
+    from accel.state import PartialState
+    from accel.utils.operations import gather
+
+    rows = 16 * world_size + 1  # eight global batches and a short last one (one row), evened out
+    per_batch = 2 * world_size if split_batches else 2
+
+    def fresh():
+        from accel.data_loader import prepare_data_loader
+
+        dataset = _Stream(rows) if kind == "stream" else [{"x": i, "y": 10 * i} for i in range(rows)]
+        source = DataLoader(dataset, batch_size=per_batch, shuffle=kind == "shuffled")
+        options = dict(dispatch_batches=True, use_stateful_dataloader=True, split_batches=split_batches)
+        return prepare_data_loader(source, put_on_device=True, **options)
+
+    def seen(batches, padding):  # every process's real rows of each batch, the same list on every process
+        rows = [gather(b["x"]).tolist() for b in batches]
+        rows[-1] = rows[-1][: len(rows[-1]) - padding]  # the rows that even out the last batch are not data
+        return rows
+
+    torch.manual_seed(3)
+    loader = fresh()
+    inner = getattr(loader, "_loader", loader)  # on XLA: inside the device loader's wrapper
+    assert isinstance(inner, DataLoaderDispatcher) and loader.use_stateful_dataloader
+    rest, state = [], None
+    for step, batch in enumerate(loader):
+        assert torch.equal(batch["y"], 10 * batch["x"])
+        if step == 2:
+            state = loader.state_dict()
+        elif step > 2:
+            rest.append(batch)
+    rest = seen(rest, loader.remainder)
+    assert loader.remainder == 2 * world_size - 1
+    main = PartialState().is_main_process
+    if main:  # three global batches of the wrapped loader's batches handed out, none of the one read ahead
+        assert state["stateful_dataloader"]["_num_yielded"] == 3 * (1 if split_batches else world_size)
+    assert state["batches_yielded"] == 3
+
+    torch.manual_seed(77)  # another run: the order must come from the state
+    resumed = fresh()
+    resumed.load_state_dict(state)
+    assert seen(list(resumed), loader.remainder) == rest and len(rest) == 9 - 3
+    assert resumed.remainder == loader.remainder
+    assert sorted(sum(rest, [])) == list(range(rows))[-len(sum(rest, [])) :] or kind == "shuffled"
+    # the same loader, resumed from the same state a second time
+    loader.load_state_dict(state)
+    assert seen(list(loader), loader.remainder) == rest
+    assert loader.state_dict()["stateful_dataloader"] is None  # between epochs: nothing to resume
+
+
+@distributed_test(world_size=SIZES, device=["cpu", "cuda"], timeout=180)
+def test_stateful_dispatcher_state_is_saved_and_restored_by_accelerator(tmp_path, world_size):
+    pytest = __import__("pytest")
+    pytest.importorskip("torchdata")
+    from accel.accelerator import Accelerator
+    from accel.data_loader import DataLoaderDispatcher
+    from accel.utils.dataclasses import DataLoaderConfiguration
+
+    def setup():
+        config = DataLoaderConfiguration(use_stateful_dataloader=True, dispatch_batches=True)
+        acc = Accelerator(dataloader_config=config)
+        source = DataLoader(list(range(10 * world_size)), batch_size=2, shuffle=True)
+        return acc, acc.prepare(source)
+
+    torch.manual_seed(5)
+    acc, loader = setup()
+    assert isinstance(loader, DataLoaderDispatcher) and loader.use_stateful_dataloader
+    rest = []
+    for step, batch in enumerate(loader):
+        if step == 1:
+            acc.save_state(tmp_path / "ckpt")
+        elif step > 1:
+            rest.append(_values(batch))
+
+    torch.manual_seed(99)
+    acc, loader = setup()
+    acc.load_state(tmp_path / "ckpt")
+    assert [_values(b) for b in loader] == rest and len(rest) == 3
