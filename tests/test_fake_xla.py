@@ -234,6 +234,11 @@ def lone_replica_probe(tmp_dir):
     value = torch.tensor([2.0, 3.0], device=torch_xla.device())
     path = os.path.join(tmp_dir, "one.pt")
     xm.save({"v": value}, path)
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    calls = []
+    torch_xla.launch(lambda index: calls.append(("debug", index)), debug_single_process=True)
+    result = xmp.spawn(lambda index, x: calls.append(("one", index, x)) or "fn's result", args=(5,), nprocs=1)
     param = torch.nn.Parameter(torch.ones(2, device=torch_xla.device()))
     param.grad = torch.full((2,), 0.5, device=torch_xla.device())
     xm.optimizer_step(torch.optim.SGD([param], lr=1.0))
@@ -245,7 +250,8 @@ def lone_replica_probe(tmp_dir):
         "rendezvous": xm.rendezvous("alone", b"p"),
         "mesh": xm.mesh_reduce("alone", 4, sum),
         "saved": torch.load(path)["v"].tolist(),
-        "param": param.detach().tolist(),
+        "param": param.detach().cpu().tolist(),
+        "single_process": (calls, result),
     }
 
 
@@ -261,6 +267,8 @@ def test_a_lone_replica_works_in_its_group_of_one(tmp_path):
         "mesh": 4,
         "saved": [2.0, 3.0],
         "param": [0.5, 0.5],
+        # nprocs=1 runs fn in this process and returns its result, as torch_xla's
+        "single_process": ([("debug", 0), ("one", 0, 5)], "fn's result"),
     }
 
 

@@ -491,3 +491,28 @@ def test_rng_state(rank, world_size):
     assert xm.get_rng_state() == 1234
     torch_xla.manual_seed(77)
     assert xm.get_rng_state() == 77
+
+
+@distributed_test(world_size=SIZES, device="xla")
+def test_object_collectives_want_a_gloo_group_and_xm_survives_a_gloo_default_group(rank, world_size):
+    import torch.distributed as dist
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    dist.init_process_group("xla", init_method="xla://")
+    objects = [None] * world_size
+    if torch_xla.device().type == "xla":
+        # torch pickles objects into CPU tensors, which torch_xla's process group does not take
+        with pytest.raises(RuntimeError, match="is not an XLA tensor. Got: CPUByteType|Got: CPULongType"):
+            dist.all_gather_object(objects, {"rank": rank})
+    cpu_group = dist.new_group(backend="gloo")
+    dist.all_gather_object(objects, {"rank": rank}, group=cpu_group)
+    assert objects == [{"rank": r} for r in range(world_size)]
+
+    # A script whose default group is Gloo: xm's collectives still span every core.
+    dist.destroy_process_group()
+    dist.init_process_group("gloo")
+    assert dist.get_backend() == "gloo"
+    value = torch.full((2,), float(rank), device=torch_xla.device())
+    assert xm.all_reduce(xm.REDUCE_SUM, value).cpu().tolist() == [float(sum(range(world_size)))] * 2
+    assert xm.all_gather(value).cpu().tolist() == [float(r) for r in range(world_size) for _ in range(2)]
