@@ -12,12 +12,16 @@
 - `disk_offload` / "disk" in a device map: weights kept in an offload folder (one
   memory-mapped file per tensor, Accelerate's layout: `accel.utils.offload`) and loaded for
   each forward.
+- `attach_layerwise_casting_hooks`: the linear and convolution layers of a model stored in a
+  small dtype (float8, fp16...) and cast to the compute dtype for their forward only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -27,6 +31,7 @@ from torch import nn
 from accel.hooks import (
     AlignDevicesHook,
     CpuOffload,
+    LayerwiseCastingHook,
     UserCpuOffloadHook,
     add_hook_to_module,
     attach_align_device_hook,
@@ -43,6 +48,8 @@ from accel.utils.modeling import (
 )
 
 _TENSOR_FACTORIES = ("empty", "zeros", "ones", "full")
+
+logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -330,6 +337,56 @@ def load_checkpoint_and_dispatch(
     )
 
 
+def attach_layerwise_casting_hooks(
+    module: nn.Module,
+    storage_dtype: torch.dtype,
+    compute_dtype: torch.dtype,
+    skip_modules_pattern: str | tuple[str, ...] | None = None,
+    skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
+    non_blocking: bool = False,
+) -> None:
+    """Keep the weights of `module`'s linear and convolution layers (`SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING`)
+    in `storage_dtype`, cast to `compute_dtype` for each layer's forward only (a `LayerwiseCastingHook` each).
+
+    Other layers (norms, embeddings...) keep their dtype. A module whose dotted name matches one of
+    `skip_modules_pattern` (regular expressions, searched in the name; one string is one pattern) or whose
+    class is one of `skip_modules_classes` is left as it is, with everything inside it. The inputs are not
+    cast: give the model inputs of `compute_dtype`.
+    """
+    patterns = (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else skip_modules_pattern
+    compiled = [re.compile(pattern) for pattern in patterns or ()]
+    classes = tuple(skip_modules_classes or ())
+    if not all(isinstance(cls, type) and issubclass(cls, nn.Module) for cls in classes):
+        raise TypeError(f"skip_modules_classes must hold nn.Module subclasses, got {skip_modules_classes!r}")
+    # checked once here, so that a bad dtype fails before any layer is cast
+    LayerwiseCastingHook(storage_dtype=storage_dtype, compute_dtype=compute_dtype, non_blocking=non_blocking)
+    _cast_layerwise(module, "", storage_dtype, compute_dtype, compiled, classes, non_blocking)
+
+
+def _cast_layerwise(
+    module: nn.Module,
+    name: str,
+    storage_dtype: torch.dtype,
+    compute_dtype: torch.dtype,
+    patterns: list[re.Pattern[str]],
+    classes: tuple[type[nn.Module], ...],
+    non_blocking: bool,
+) -> None:
+    from accel.utils.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+
+    if isinstance(module, classes) or any(pattern.search(name) for pattern in patterns):
+        logger.debug("layerwise casting skips %r", name)
+        return
+    if isinstance(module, SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING):
+        logger.debug("layerwise casting of %r", name)
+        hook = LayerwiseCastingHook(storage_dtype=storage_dtype, compute_dtype=compute_dtype, non_blocking=non_blocking)
+        add_hook_to_module(module, hook, append=True)
+        return
+    for child_name, child in module.named_children():
+        child_path = f"{name}.{child_name}" if name else child_name
+        _cast_layerwise(child, child_path, storage_dtype, compute_dtype, patterns, classes, non_blocking)
+
+
 __all__ = [
     "init_empty_weights",
     "init_on_device",
@@ -338,4 +395,5 @@ __all__ = [
     "disk_offload",
     "dispatch_model",
     "load_checkpoint_and_dispatch",
+    "attach_layerwise_casting_hooks",
 ]

@@ -11,7 +11,9 @@ Accelerate names them, so code written for either library finds them);
 when the module is offloaded, loads its weights from a weights map (CPU tensors) for the
 forward only, leaving them on the meta device in between. `CpuOffload` moves a whole
 model to its execution device for its forward and back to the CPU when the next model
-in a pipeline starts (`cpu_offload_with_hook`).
+in a pipeline starts (`cpu_offload_with_hook`). `LayerwiseCastingHook` keeps a layer's
+weights in a low-precision storage dtype and casts them to the compute dtype for its
+forward only (`attach_layerwise_casting_hooks`).
 """
 
 from __future__ import annotations
@@ -554,3 +556,35 @@ class UserCpuOffloadHook:
 
     def remove(self) -> None:
         remove_hook_from_module(self.model)
+
+
+class LayerwiseCastingHook(ModelHook):
+    """Store a module's floating-point weights in `storage_dtype` and compute in `compute_dtype`.
+
+    Attached, the module is cast to `storage_dtype`; each forward casts it to `compute_dtype`
+    first and back to `storage_dtype` after, so that only the running layer is held in the
+    larger dtype. Precision lost to the storage dtype is not recovered.
+    """
+
+    _is_stateful = False
+
+    def __init__(self, storage_dtype: torch.dtype, compute_dtype: torch.dtype, non_blocking: bool) -> None:
+        for name, dtype in (("storage_dtype", storage_dtype), ("compute_dtype", compute_dtype)):
+            if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+                raise TypeError(f"LayerwiseCastingHook: {name} must be a floating-point torch.dtype, got {dtype!r}")
+        self.storage_dtype = storage_dtype
+        self.compute_dtype = compute_dtype
+        self.non_blocking = non_blocking
+
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+
+    @torch.compiler.disable
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
+        return args, kwargs
+
+    @torch.compiler.disable
+    def post_forward(self, module: nn.Module, output: Any) -> Any:
+        module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+        return output

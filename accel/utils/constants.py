@@ -1,4 +1,7 @@
-"""File names of checkpoints and saved models: Accelerate's, so that the files of one library load in the other."""
+"""File names of checkpoints and saved models: Accelerate's, so that the files of one library load in the other;
+the layers layerwise casting applies to."""
+
+from torch import nn
 
 SCALER_NAME = "scaler.pt"
 MODEL_NAME = "pytorch_model"
@@ -13,3 +16,14 @@ WEIGHTS_INDEX_NAME = f"{WEIGHTS_NAME}.index.json"
 SAFE_WEIGHTS_NAME = f"{SAFE_MODEL_NAME}.safetensors"
 SAFE_WEIGHTS_PATTERN_NAME = "model{suffix}.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = f"{SAFE_WEIGHTS_NAME}.index.json"
+
+#: the layers `attach_layerwise_casting_hooks` casts (convolutions and linear layers, as in Accelerate)
+SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = (
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+    nn.Linear,
+)
