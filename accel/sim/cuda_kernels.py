@@ -139,7 +139,7 @@ def tensor_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     if type(self) is SimCudaTensor and not kwargs.get("copy", False):
         # C++ would compare its hidden device with cuda:k and always copy.
         device, dtype, _, memory_format = torch_internals.parse_to(*args, **kwargs)
-        same_device = device is None or device == self._cuda
+        same_device = device is None or device == self._shown
         same_dtype = dtype is None or dtype == self.dtype
         same_format = memory_format is None or memory_format == torch.preserve_format
         if same_device and same_dtype and same_format and (device is not None or dtype is not None):

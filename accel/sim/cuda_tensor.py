@@ -7,14 +7,14 @@ runs. Every op on such tensors comes through `__torch_dispatch__`, which applies
 device rules (`accel.sim.core.device_rules`), runs the op on the inner CPU tensors, draws
 random numbers from the simulated GPU's own generator, and wraps the results.
 
-The stable names other modules build on: `is_simulated_cuda(t)`, `unwrap(t)` (the inner
+The tensor is the core's wrapper tensor (`accel.sim.core.wrapper`) with the GPU's own
+dispatch. The stable names other modules build on: `is_simulated_cuda(t)`, `unwrap(t)` (the inner
 CPU tensor, sharing storage) and `wrap(cpu_tensor, index)`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +23,7 @@ import torch
 
 from accel.sim import cuda_memory, cuda_shapes, cuda_state
 from accel.sim.core import device_rules, torch_internals
+from accel.sim.core.wrapper import WrapperTensor
 
 aten = torch.ops.aten
 _make_wrapper = torch_internals.make_wrapper
@@ -41,11 +42,13 @@ def set_device_count(count: int) -> None:
     _HIDDEN[:] = [torch.device(cuda_state.HIDDEN_DEVICE, i) for i in range(count)]
 
 
-class SimCudaTensor(torch.Tensor):
-    """A tensor on simulated GPU `k`; `_inner` is the CPU tensor holding its data."""
+class SimCudaTensor(WrapperTensor):
+    """A tensor on simulated GPU `k`; `_inner` is the CPU tensor holding its data, `_shown` is `cuda:k`.
 
-    _inner: torch.Tensor
-    _cuda: torch.device
+    The core's wrapper tensor (`accel.sim.core.wrapper`: what Python sees, printing, copies,
+    storages, numpy), with the GPU's own dispatch: memory counted as CUDA's allocator counts
+    it, shapes-only tensors, and the common op run inline.
+    """
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor, device: torch.device, requires_grad: bool = False) -> SimCudaTensor:
@@ -53,27 +56,12 @@ class SimCudaTensor(torch.Tensor):
             _track(inner, device.index or 0)
         self = _make_wrapper(cls, inner, _HIDDEN[device.index or 0], requires_grad)
         self._inner = inner
-        self._cuda = device
+        self._shown = device
         return self
-
-    # -- what Python sees ------------------------------------------------------------------
-
-    @property
-    def device(self) -> torch.device:  # type: ignore[override]  # a property, as on Tensor
-        return self._cuda
 
     @property
     def is_cuda(self) -> bool:  # type: ignore[override]  # a property, as on Tensor
         return True
-
-    @property
-    def is_cpu(self) -> bool:  # type: ignore[override]  # a property, as on Tensor
-        return False
-
-    def get_device(self) -> int:
-        return self._cuda.index or 0
-
-    __torch_function__ = torch_internals.disabled_torch_function  # type: ignore[assignment]  # C++ signature
 
     @classmethod
     def __torch_dispatch__(  # type: ignore[override]  # classmethod form torch documents
@@ -92,7 +80,7 @@ class SimCudaTensor(torch.Tensor):
         for value in args:
             kind = type(value)
             if kind is SimCudaTensor:
-                cuda = value._cuda
+                cuda = value._shown
                 if device is None:
                     device = cuda
                 elif cuda is not device and cuda != device:
@@ -116,33 +104,10 @@ class SimCudaTensor(torch.Tensor):
                         _track(out, device.index or 0)
                     self = _make_wrapper(SimCudaTensor, out, _HIDDEN[device.index or 0], False)
                     self._inner = out
-                    self._cuda = device
+                    self._shown = device
                     return self
                 return _wrap_results(out, {}, device)
         return dispatch(func, args, {})
-
-    # A "traceable wrapper subclass": nn.Module.to/.cuda then swap parameter objects
-    # instead of `param.data = new`, which would turn a CUDA parameter into a CPU one.
-    def __tensor_flatten__(self) -> tuple[list[str], torch.device]:
-        return ["_inner"], self._cuda
-
-    @staticmethod
-    def __tensor_unflatten__(inner: dict, device: torch.device, outer_size: Any, outer_stride: Any) -> SimCudaTensor:
-        return SimCudaTensor(inner["_inner"], device)
-
-    def __repr__(self, *, tensor_contents: str | None = None) -> str:  # type: ignore[override]  # Tensor.__repr__ takes the same keyword, not in the stubs
-        with torch.no_grad():
-            text, data = torch_internals.tensor_text(self._inner, tensor_contents)
-        head = "tensor(" + (tensor_contents if tensor_contents is not None else data)
-        suffix = f", device='{self._cuda}'"
-        text = head + suffix + text[len(head) :] if text.startswith(head) else text[:-1] + suffix + ")"
-        if self.grad_fn is not None:
-            text = text[:-1] + f", grad_fn=<{type(self.grad_fn).__name__}>)"
-        elif self.requires_grad:
-            text = text[:-1] + ", requires_grad=True)"
-        if getattr(self, "_is_param", False):
-            text = "Parameter containing:\n" + text
-        return text
 
     def __format__(self, spec: str) -> str:
         if self.dim() == 0:
@@ -152,22 +117,7 @@ class SimCudaTensor(torch.Tensor):
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Pickled like a real CUDA tensor (plain torch can load it): torch's rebuild
         # function, with the storage's location recorded as cuda:k.
-        return torch_internals.reduce_as_tensor_on(self._inner, self._cuda, self.requires_grad)
-
-    def __deepcopy__(self, memo: dict) -> SimCudaTensor:
-        if id(self) in memo:
-            return memo[id(self)]
-        with torch.no_grad():
-            new = SimCudaTensor(self._inner.clone(memory_format=torch.preserve_format), self._cuda)
-        if self.requires_grad:
-            new.requires_grad_(True)
-        memo[id(self)] = new
-        for key, value in self.__dict__.items():
-            if key not in ("_inner", "_cuda"):
-                setattr(new, key, copy.deepcopy(value, memo))
-        if self.grad is not None:
-            new.grad = copy.deepcopy(self.grad, memo)
-        return new
+        return torch_internals.reduce_as_tensor_on(self._inner, self._shown, self.requires_grad)
 
     def type(self, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
         """`Tensor.type`: 'torch.cuda.FloatTensor' and friends, as on a GPU."""
@@ -177,32 +127,12 @@ class SimCudaTensor(torch.Tensor):
             return self.to(dtype, non_blocking=non_blocking)
         name = dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}"
         legacy = getattr(torch, name.rsplit(".", 1)[-1])  # torch.FloatTensor, ...: knows its dtype
-        device = self._cuda if ".cuda." in name else torch.device("cpu")
+        device = self._shown if ".cuda." in name else torch.device("cpu")
         return self.to(device=device, dtype=legacy.dtype, non_blocking=non_blocking)
-
-    def untyped_storage(self) -> torch.UntypedStorage:
-        # The inner tensor's storage: what shares memory with what (tied weights, views)
-        # can be told as on a GPU, and its device is this GPU.
-        return torch_internals.show_storage_on(self._inner.untyped_storage(), self._cuda)
-
-    def data_ptr(self) -> int:
-        # Host address of the data (a real GPU gives a device address; neither is dereferenceable by Python).
-        return self._inner.data_ptr()
 
     def tolist(self) -> Any:
         inner = self._inner
         return (cuda_shapes.on_host(inner) if inner.is_meta else inner).tolist()
-
-    def numpy(self, *, force: bool = False) -> Any:
-        if force:
-            return self._inner.detach().numpy()
-        raise TypeError(
-            f"can't convert {self._cuda} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to "
-            "host memory first."
-        )
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
-        return self.numpy()
 
 
 # -- the stable helpers --------------------------------------------------------------------------
@@ -243,12 +173,12 @@ def set_data(tensor: torch.Tensor, new: torch.Tensor) -> bool:
         # Both wrappers: torch's setter takes the sizes, dtype and flags; the data is the inner tensor's.
         torch_internals.data_descriptor().__set__(tensor, new)
         tensor._inner = new._inner  # type: ignore[attr-defined]  # both are SimCudaTensor here
-        tensor._cuda = new._cuda  # type: ignore[attr-defined]
+        tensor._shown = new._shown  # type: ignore[attr-defined]
         return True
     is_param = isinstance(tensor, torch.nn.Parameter)
     with torch.no_grad():
         if type(new) is SimCudaTensor:
-            replacement: torch.Tensor = SimCudaTensor(new._inner, new._cuda)
+            replacement: torch.Tensor = SimCudaTensor(new._inner, new._shown)
             replacement.requires_grad_(tensor.requires_grad)
             if is_param:
                 replacement._is_param = True  # what Parameter() marks a subclass with
@@ -256,7 +186,7 @@ def set_data(tensor: torch.Tensor, new: torch.Tensor) -> bool:
             replacement = torch.nn.Parameter(new.detach(), requires_grad=tensor.requires_grad)
         else:
             replacement = new.detach().requires_grad_(tensor.requires_grad)
-    kept = {k: v for k, v in vars(tensor).items() if k not in ("_inner", "_cuda", "_is_param")}
+    kept = {k: v for k, v in vars(tensor).items() if k not in ("_inner", "_shown", "_is_param")}
     grad = tensor.grad
     replacement.__dict__.update(kept)
     try:
@@ -376,7 +306,7 @@ def _new(inner: torch.Tensor, device: torch.device) -> SimCudaTensor:
         _track(inner, device.index or 0)
     self = _make_wrapper(SimCudaTensor, inner, _HIDDEN[device.index or 0], False)
     self._inner = inner
-    self._cuda = device
+    self._shown = device
     return self
 
 
@@ -446,7 +376,7 @@ def _one_gpu_of(tensors: list | tuple) -> torch.device | None:
     for item in tensors:
         if type(item) is not SimCudaTensor:
             return None
-        cuda = item._cuda
+        cuda = item._shown
         if device is None:
             device = cuda
         elif cuda is not device and cuda != device:
@@ -460,7 +390,7 @@ def _one_gpu(args: tuple, kwargs: dict) -> torch.device | None:
     for values in (args, kwargs.values()) if kwargs else (args,):
         for value in values:
             if type(value) is SimCudaTensor:
-                cuda = value._cuda
+                cuda = value._shown
                 if device is None:
                     device = cuda
                 elif cuda is not device and cuda != device:
@@ -508,15 +438,22 @@ def add_special(handlers: dict[Any, Any]) -> None:
     _SPECIAL.update(handlers)
 
 
-def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    """Run aten op `func` whose arguments include simulated CUDA tensors."""
+def op_device(func: Any, args: tuple, kwargs: dict) -> torch.device | None:
+    """The device op `func` runs on, given its arguments (CUDA's error for arguments on different devices)."""
+    device = _one_gpu(args, kwargs)
+    return device if device is not None else device_rules.common_device(func, args, kwargs)
+
+
+def dispatch(func: Any, args: tuple, kwargs: dict, *, apart: bool = True) -> Any:
+    """Run aten op `func` whose arguments include simulated CUDA tensors.
+
+    `apart=False`: run it as any op, past its handler (`add_special`), for a handler that did its part.
+    """
     facts = getattr(func, _FACTS, None)
     special, seeded, tracks, reshapes, _ = _facts(func) if facts is None else facts
-    if special is not None:
+    if special is not None and apart:
         return special(args, kwargs)
-    device = _one_gpu(args, kwargs)
-    if device is None:
-        device = device_rules.common_device(func, args, kwargs)
+    device = op_device(func, args, kwargs)
     if kwargs:
         requested = kwargs.get("device")
         if requested is not None:  # an op that also creates (new_zeros, *_like(device=...))
