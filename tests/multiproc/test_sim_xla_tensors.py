@@ -80,6 +80,24 @@ def test_tpu_bugs_fail_with_torch_xla_messages(rank):
 
 
 @distributed_test(world_size=SIZES, device="xla")
+def test_rng_is_the_devices_own_seed(rank):
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    device = torch_xla.device()
+    xm.set_rng_state(1234)
+    assert xm.get_rng_state() == 1234
+    first = torch.randn(4, device=device)
+    assert xm.get_rng_state() != 1234  # the running seed moves on, as XLA's does
+    xm.set_rng_state(1234)
+    torch.manual_seed(999)  # the host's generator: not the TPU's
+    again = torch.randn(4, device=device)
+    assert torch.equal(first.cpu(), again.cpu())
+    dropped = torch.nn.functional.dropout(torch.ones(1000, device=device), p=0.5)
+    assert dropped.device == device and 300 < int((dropped == 0).sum()) < 700
+
+
+@distributed_test(world_size=SIZES, device="xla")
 def test_autocast_on_xla_uses_torch_xlas_tpu_policy(rank):
     import torch_xla
 
