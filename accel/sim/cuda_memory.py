@@ -13,8 +13,9 @@ raises `torch.OutOfMemoryError` with CUDA's message, before the host allocates a
 for it where the size is known in advance (factories, copies to the GPU, storage
 resizes), and just after the host kernel ran otherwise (its result is dropped at once).
 
-What a GPU spends outside these counters (the CUDA context, cuBLAS workspaces, NCCL
-buffers) is outside them here too; the context is taken off the card's free memory.
+What a GPU spends outside these counters (the CUDA context, NCCL buffers) is outside
+them here too; the context is taken off the card's free memory. cuBLAS workspaces come
+from the allocator on a GPU, and here (`accel.sim.cuda_blas`).
 """
 
 from __future__ import annotations
@@ -361,7 +362,7 @@ class DeviceMemory:
             f"{format_size(self.reserved - self.allocated)} is reserved by PyTorch but unallocated. If reserved but "
             "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
             "fragmentation.  See documentation for Memory Management  "
-            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+            "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
         )
 
     def nested_stats(self) -> dict[str, Any]:

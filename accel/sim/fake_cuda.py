@@ -44,6 +44,7 @@ from accel.sim import (
     cuda_accelerator,
     cuda_attention,
     cuda_autocast,
+    cuda_blas,
     cuda_checkpoint,
     cuda_functional,
     cuda_group,
@@ -385,7 +386,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
         torch_internals.seed_dtensor_shards_from_cpu_generators()
         torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, _gpu)
-        cuda_tensor.add_special({**cuda_functional.handlers(), **cuda_attention.handlers()})
+        cuda_tensor.add_special({**cuda_functional.handlers(), **cuda_attention.handlers(), **cuda_blas.handlers()})
         cuda_attention.install()
         cuda_group.register()
         torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only

@@ -149,6 +149,8 @@ def common_device(func: Any, args: tuple, kwargs: dict, mismatch: Mismatch | Non
         else:
             raise (mismatch or mismatch_error)(func, args, kwargs, common, device)
 
+    if skip_indices:
+        _check_indices(args, kwargs)
     for position, value in enumerate(args):
         if isinstance(value, torch.Tensor):
             visit(value)
@@ -164,3 +166,16 @@ def common_device(func: Any, args: tuple, kwargs: dict, mismatch: Mismatch | Non
                 if isinstance(item, torch.Tensor):
                     visit(item)
     return common
+
+
+def _check_indices(args: tuple, kwargs: dict) -> None:
+    """Indices may be on the CPU or on the indexed tensor's device (ATen's check, the words a real GPU gave)."""
+    indexed = args[0] if args else kwargs.get("self")
+    indices = args[1] if len(args) > 1 else kwargs.get("indices")
+    if not isinstance(indexed, torch.Tensor) or not isinstance(indices, (list, tuple)):
+        return
+    for index in indices:
+        if isinstance(index, torch.Tensor) and index.device.type != "cpu" and index.device != indexed.device:
+            raise RuntimeError(
+                f"indices should be either on cpu or on the same device as the indexed tensor ({indexed.device})"
+            )
