@@ -81,3 +81,20 @@ def test_accelerates_merge_weights_script_passes_against_accel_on_simulated_gpus
     assert "Merged FSDP weights saved to test_merge_weights_fsdp_weights/model.safetensors" in output
     assert "Merged FSDP weights saved to test_merge_weights_fsdp_weights/pytorch_model.bin" in output
     assert not (tmp_path / "test_merge_weights_fsdp_weights").exists()  # the script cleans up after itself
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_accelerates_notebook_script_passes_against_accel(tmp_path, device):
+    """Run as Accelerate runs it (`python test_notebook.py` with ACCELERATE_NUM_PROCESSES=2: notebook_launcher
+    starts the processes); on simulated GPUs, inside `accel launch --simulate cuda --num_processes 1`."""
+    program = pointed_at_accel("test_notebook", tmp_path)
+    env = dict(os.environ, ACCELERATE_NUM_PROCESSES="2", OMP_NUM_THREADS="1")
+    command = [sys.executable, str(program)]
+    if device == "cuda":
+        command = [sys.executable, "-m", "accel.commands.cli", "launch", "--simulate", "cuda", "--num_processes", "1"]
+        command.append(str(program))
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert "Test monitoring" in output
+    assert f"Launching training on 2 {'GPU' if device == 'cuda' else 'CPU'} processes." in output

@@ -7,7 +7,7 @@ state, so that the script under test uses accel only.
 """
 
 import torch
-from accelerate.test_utils.testing import assert_exception, torch_device  # noqa: F401  (plain helpers)
+from accelerate.test_utils.testing import assert_exception, require_bnb, torch_device  # noqa: F401  (plain helpers)
 from accelerate.test_utils.training import RegressionDataset, RegressionModel  # noqa: F401
 
 from accel.state import AcceleratorState
