@@ -51,6 +51,9 @@ def test_devices_and_topology(rank, world_size):
         xm.get_ordinal()
     with pytest.raises(AttributeError, match=r"xrt_world_size.*torch_xla.runtime.world_size\(\)"):
         xm.xrt_world_size()
+    from torch_xla._internal.utils import parse_xla_device
+
+    assert parse_xla_device(torch_xla.real_devices()[0]) == ("TPU", rank)
     # Tensors made on the device stay there; .cpu() brings them to the host.
     t = torch.arange(3.0, device=device)
     assert t.device == device and xm.is_xla_tensor(t) and t.cpu().tolist() == [0.0, 1.0, 2.0]
@@ -411,6 +414,13 @@ def test_xla_process_group_carries_torch_distributed(rank, world_size):
     dist.all_to_all_single(swapped, torch.arange(float(world_size), device=device) + 10 * rank)
     assert swapped.cpu().tolist() == [10.0 * r + rank for r in range(world_size)]
     dist.barrier()
+    # a sub-group of the "xla" group
+    half = world_size // 2
+    first, second = dist.new_group(list(range(half))), dist.new_group(list(range(half, world_size)))
+    members = list(range(half)) if rank < half else list(range(half, world_size))
+    s = torch.tensor([float(rank)], device=device)
+    dist.all_reduce(s, group=first if rank < half else second)
+    assert s.cpu().item() == sum(members)
     # torch_xla's refusals
     with pytest.raises(ValueError, match="Invalid reduce op"):
         dist.all_reduce(t, op=dist.ReduceOp.AVG)
@@ -454,8 +464,12 @@ def test_amp_autocast_and_syncfree_optimizers(rank, world_size):
     from torch_xla.amp import syncfree
 
     device = torch_xla.device()
+    a, b = torch.randn(4, 4, device=device), torch.randn(4, 4, device=device)
     with xamp.autocast(device):
         assert torch.is_autocast_enabled("xla") and torch.get_autocast_dtype("xla") == torch.bfloat16
+        product = a @ b
+    if device.type == "xla":  # XLA's TPU policy: matmuls in bfloat16
+        assert product.dtype == torch.bfloat16 and product.device == device
     assert not torch.is_autocast_enabled("xla")
     with pytest.warns(UserWarning, match="TPU Autocast only supports dtype of torch.bfloat16"):
         fp16 = xamp.autocast(device, dtype=torch.float16)

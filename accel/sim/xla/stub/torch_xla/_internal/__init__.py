@@ -1,0 +1,1 @@
+"""`torch_xla._internal` of the simulator: the helpers scripts reach for."""
