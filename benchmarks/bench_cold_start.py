@@ -10,8 +10,14 @@ the first pool) and for closing them.
 
 A rank server outlives a session (`accel.sim.server`), so the edit-test loop finds one
 running: the rounds measure that. `--no-server` measures sessions that each start their
-own ranks from nothing (ACCEL_SIM_SERVER=0); `--first` also measures the very first
-session, which starts the server (each such round stops it first).
+own ranks from nothing (ACCEL_SIM_SERVER=0, as under CI); `--first` also measures the very
+first session, which finds no server (each such round stops it first): its ranks come from
+a fork of the session itself once it imported torch, and it starts the server as it ends;
+the same session with that fork turned off (ACCEL_SIM_SELF_FORK=0: a fresh server imports
+torch again, beside the session) is measured in the same rounds for comparison.
+
+The sessions' rank servers live in a folder of this benchmark's own (TMPDIR), so that
+stopping them never touches another session's.
 
     python benchmarks/bench_cold_start.py [--rounds 7] [--world_size 4] [--no-server] [--first]
 """
@@ -102,6 +108,13 @@ def session(path: str, env: dict[str, str]) -> tuple[float, float]:
 def stop_servers(env: dict[str, str]) -> None:
     """Stop the rank servers this benchmark's sessions would use (the next one starts afresh)."""
     subprocess.run([sys.executable, "-m", "accel.sim.server", "stop"], env=env, check=True, capture_output=True)
+    # A server still importing torch (started as the last session ended) stops once it serves.
+    folder = os.path.join(env["TMPDIR"], f"accel-sim-{os.getuid()}")
+    deadline = time.monotonic() + 120
+    while os.path.isdir(folder) and any(name.endswith(".sock") for name in os.listdir(folder)):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the rank servers of {folder} did not stop within 120 s")
+        time.sleep(0.05)
 
 
 def main() -> None:
@@ -115,9 +128,13 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     if args.no_server:
         env["ACCEL_SIM_SERVER"] = "0"
-    times: dict[str, list[float]] = {"plain": [], "distributed": [], "first": []}
-    inner: dict[str, list[float]] = {"plain": [], "distributed": [], "first": []}
+    kinds = ("plain", "distributed", "first", "first-nofork", "nofork")
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    inner: dict[str, list[float]] = {kind: [] for kind in kinds}
     with tempfile.TemporaryDirectory(prefix="accel-cold-") as folder:
+        env["TMPDIR"] = os.path.join(folder, "tmp")
+        os.mkdir(env["TMPDIR"])
+        nofork = {**env, "ACCEL_SIM_SELF_FORK": "0"}
         plain = os.path.join(folder, "test_plain.py")
         distributed = os.path.join(folder, "test_distributed.py")
         with open(plain, "w") as handle:
@@ -130,12 +147,16 @@ def main() -> None:
         session(distributed, env)
         for index in range(args.rounds):
             order = ["plain", "distributed"] if index % 2 == 0 else ["distributed", "plain"]
-            if args.first and not args.no_server:
-                order.append("first")
+            if args.no_server:
+                order.append("nofork")
+            elif args.first:
+                order += ["first", "first-nofork"] if index % 2 == 0 else ["first-nofork", "first"]
             for kind in order:
-                if kind == "first":
+                if kind.startswith("first"):
                     stop_servers(env)
-                wall, inside = session(plain if kind == "plain" else distributed, env)
+                wall, inside = session(
+                    plain if kind == "plain" else distributed, nofork if kind.endswith("nofork") else env
+                )
                 times[kind].append(wall)
                 inner[kind].append(inside)
         if not args.no_server:
@@ -145,9 +166,12 @@ def main() -> None:
     print(
         f"session with one plain test (module imports torch):   median {plain_median:.2f} s  {_spread(times['plain'])}"
     )
-    rows = [("distributed", "")]
+    rows = [("distributed", ", ranks forked from the session" if args.no_server else "")]
+    if times["nofork"]:
+        rows.append(("nofork", ", ranks from a fresh fork server (ACCEL_SIM_SELF_FORK=0)"))
     if times["first"]:
-        rows.append(("first", ", first session (starts the server)"))
+        rows.append(("first", ", first session (no server yet: ranks forked from the session)"))
+        rows.append(("first-nofork", ", first session, a fresh server imports torch (ACCEL_SIM_SELF_FORK=0)"))
     for key, what in rows:
         median = statistics.median(times[key])
         name = f"session with one {args.world_size}-rank distributed test{what}"

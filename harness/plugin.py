@@ -30,6 +30,13 @@ MANAGER_KEY = pytest.StashKey[PoolManager]()
 _SERVER_MODE_KEY = pytest.StashKey[bool]()
 #: whether this session started its first distributed test's ranks ahead of time
 _PRESTARTED_KEY = pytest.StashKey[bool]()
+#: (module path, world size, device) of the first pool, started once that module is imported
+_DEFERRED_KEY = pytest.StashKey[tuple[str, int, str]]()
+#: whether this session forked its own rank server (`accel.sim.forking.fork_session_server`)
+_FORKED_KEY = pytest.StashKey[bool]()
+
+# What torch's import starts is known, so that the session may fork itself once it imported torch.
+forking.watch_torch_import()
 #: rank modules the fork server should import once rather than every rank
 _RANK_PRELOAD = ("harness.remote", "_pytest.assertion.rewrite")
 
@@ -67,6 +74,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     manager = config.stash.get(MANAGER_KEY, None)
     if manager is not None:
         manager.close()
+    if config.stash.get(_FORKED_KEY, False):
+        forking.end_session()
     previous = config.stash.get(_SERVER_MODE_KEY, None)
     if previous is not None:  # a session run inside another (pytester) leaves the outer one's choice
         forking.use_server(previous)
@@ -128,7 +137,53 @@ def pytest_pycollect_makemodule(module_path: Any, parent: Any) -> None:
     world_size, device = first
     if device == "cuda" and config.getoption("real_devices"):
         return
+    if _self_fork_awaits_torch():
+        # No rank server to reach: once this module imported torch (as test modules do at
+        # their top), this process forks itself into the session's rank server.
+        config.stash[_DEFERRED_KEY] = (str(module_path), world_size, device)
+        return
+    _fork_self(config)
     config.stash[MANAGER_KEY].prestart(world_size, device)
+
+
+def _self_fork_awaits_torch() -> bool:
+    if forking.session_server_pid() is not None or (forking._use_server and forking.server_running()):
+        return False
+    return forking.self_fork_refusal() == forking.NO_TORCH_YET
+
+
+def _fork_self(config: pytest.Config) -> None:
+    """Ranks from a fork of this process when no rank server runs and forking is safe."""
+    if forking.session_server_pid() is not None or (forking._use_server and forking.server_running()):
+        return
+    if forking.fork_session_server(_pytest_warning_filters(config)):
+        config.stash[_FORKED_KEY] = True
+
+
+def _pytest_warning_filters(config: pytest.Config) -> list[tuple]:
+    """The warning filters pytest applies over the interpreter's while it collects and runs tests."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        catch = getattr(config, "_catch_configured_warnings", None)  # private to pytest: the same filters
+        if catch is None:
+            warnings.filterwarnings("always", category=DeprecationWarning)
+            warnings.filterwarnings("always", category=PendingDeprecationWarning)
+            return list(warnings.filters)
+        with catch(record=False):
+            return list(warnings.filters)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Any:
+    report = yield
+    deferred = collector.config.stash.get(_DEFERRED_KEY, None)
+    if deferred is not None and isinstance(collector, pytest.Module) and str(collector.path) == deferred[0]:
+        del collector.config.stash[_DEFERRED_KEY]
+        _fork_self(collector.config)
+        collector.config.stash[MANAGER_KEY].prestart(deferred[1], deferred[2])
+    return report
 
 
 def first_distributed_config(path: str) -> tuple[int, str] | None:
@@ -178,6 +233,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # Start the fork server as soon as distributed tests are known to run: it imports
     # torch while the tests before the first distributed one run.
     if not session.config.option.collectonly and any(_spec(item) is not None for item in session.items):
+        _fork_self(session.config)
         forking.warm_up()
 
 

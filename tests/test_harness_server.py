@@ -2,9 +2,15 @@
 serving a changed project, stopped when idle, leaving nothing of a session running; and the
 harness starting the first distributed test's ranks while pytest still collects."""
 
+import json
+import logging
 import os
+import pathlib
+import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 
 import pytest
@@ -113,8 +119,10 @@ def test_an_idle_server_stops(preloaded_module, monkeypatch):
     assert process_gone(client.server_pid, within=30)
 
 
-def test_a_client_gone_takes_its_ranks_with_it(preloaded_module, own_servers, tmp_path):
+def test_a_client_gone_takes_its_ranks_with_it(preloaded_module, own_servers, tmp_path, monkeypatch):
     from accel.sim.pool import RankPool
+
+    monkeypatch.setattr(forking, "_session", None)  # not from this session's own server, if it has one
 
     client = forking._connect()
     own_servers.add(client.server_pid)
@@ -205,3 +213,167 @@ def test_the_first_pool_starts_while_pytest_collects_and_serves_the_first_test(p
     )
     pytester.runpytest(*NO_HYPOTHESIS).assert_outcomes(passed=1)
     assert (pytester.path / "started").read_text() == "1"  # started ahead, then used
+
+
+# -- the first session: ranks forked from the session itself -----------------------------------
+
+TORCH_AT_TOP = """
+import json, logging, os, pathlib, sys, warnings
+
+import torch
+import torch.distributed as dist
+
+from harness import distributed_test
+
+
+@distributed_test(world_size=2)
+def test_{name}(rank):
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    assert value.item() == 2
+    parent = os.getppid()
+    with open(f"/proc/{{parent}}/stat") as handle:
+        grandparent = int(handle.read().rpartition(")")[2].split()[1])
+    def cmdline(pid):
+        with open(f"/proc/{{pid}}/cmdline", "rb") as handle:
+            return handle.read().decode()
+
+    state = {{
+        "parent": parent,
+        "parent_cmdline": cmdline(parent),
+        "grandparent_cmdline": cmdline(grandparent),
+        "real_stdout": sys.stdout is sys.__stdout__ and sys.stdout.fileno() == 1,
+        "root_handlers": [type(handler).__module__ for handler in logging.getLogger().handlers],
+        "root_level": logging.getLogger().level,
+        "finders": [type(finder).__module__ for finder in sys.meta_path],
+        "showwarning": warnings.showwarning.__module__,
+        "showwarnmsg": getattr(warnings._showwarnmsg_impl, "__module__", None),
+        "always_deprecation": any(
+            action == "always" and category is DeprecationWarning for action, _, category, *_ in warnings.filters
+        ),
+        "traced": sys.gettrace() is not None,
+        "threads": len(os.listdir("/proc/self/task")),
+        "descriptors": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+    }}
+    folder = pathlib.Path(__file__).parent / "ranks"
+    folder.mkdir(exist_ok=True)
+    (folder / str(os.getpid())).write_text(json.dumps(state))
+    print(f"hello from rank {{rank}}")
+    logging.warning("a warning logged by rank %d", rank)
+"""
+
+
+def _rank_states(pytester):
+    folder = pytester.path / "ranks"
+    found = {int(path.name): json.loads(path.read_text()) for path in folder.iterdir()}
+    for path in folder.iterdir():
+        path.unlink()
+    return found
+
+
+@pytest.fixture
+def server_folder(monkeypatch):
+    """Rank servers of this test's sessions in a folder of their own (TMPDIR), stopped at its end."""
+    temp = pathlib.Path(tempfile.mkdtemp(prefix="h-", dir="/tmp"))  # short: socket paths have a limit
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setenv("ACCEL_SIM_SERVER_IDLE", "30")
+    folder = temp / f"accel-sim-{os.getuid()}"
+    yield folder
+    server.stop_all(str(folder))
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def _sockets(folder):
+    return sorted(path.name for path in folder.glob("*.sock")) if folder.is_dir() else []
+
+
+def _assert_forked_from_the_session(states):
+    for state in states.values():
+        assert not is_rank_server(state["parent"])
+        assert state["parent_cmdline"] == state["grandparent_cmdline"]  # a fork of the session
+        assert "pytest" in state["grandparent_cmdline"]
+        # ...that left the session's own set-up behind
+        assert state["real_stdout"] and not state["traced"]
+        assert state["root_handlers"] == [] and state["root_level"] == logging.WARNING
+        assert not any(module.startswith("_pytest") for module in state["finders"])
+        assert state["showwarning"] == "warnings" and not state["always_deprecation"]
+        assert state["showwarnmsg"] in ("warnings", "accel.sim.server")
+
+
+def test_the_first_session_forks_its_ranks_from_itself_and_leaves_the_server_for_the_next(
+    pytester, monkeypatch, server_folder
+):
+    monkeypatch.setenv("ACCEL_SIM_SERVER", "1")
+    monkeypatch.delenv("CI", raising=False)
+    pytester.makepyfile(test_h_first=TORCH_AT_TOP.format(name="first"))
+    result = pytester.runpytest_subprocess(*NO_HYPOTHESIS, "-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*hello from rank 0*"])  # what ranks print still reaches the session
+    result.stderr.fnmatch_lines(["*a warning logged by rank 1*"])
+    states = _rank_states(pytester)
+    assert len(states) == 2
+    _assert_forked_from_the_session(states)
+    parents = {state["parent"] for state in states.values()}
+    assert_nothing_left_running(set(states), parents)  # the session's own server ended with it
+    assert len(_sockets(server_folder)) == 1  # ...and it started the shared one as it ended
+
+    pytester.runpytest_subprocess(*NO_HYPOTHESIS).assert_outcomes(passed=1)
+    again = _rank_states(pytester)
+    servers = {state["parent"] for state in again.values()}
+    assert len(servers) == 1 and is_rank_server(next(iter(servers)))  # the next session found it
+    assert_nothing_left_running(set(again), servers)
+
+
+def test_under_ci_each_session_forks_its_ranks_from_itself_and_starts_no_server(pytester, monkeypatch, server_folder):
+    monkeypatch.delenv("ACCEL_SIM_SERVER", raising=False)
+    monkeypatch.setenv("CI", "true")
+    pytester.makepyfile(test_h_ci=TORCH_AT_TOP.format(name="ci"))
+    for _ in range(2):
+        pytester.runpytest_subprocess(*NO_HYPOTHESIS).assert_outcomes(passed=1)
+        states = _rank_states(pytester)
+        _assert_forked_from_the_session(states)
+        assert_nothing_left_running(set(states), {state["parent"] for state in states.values()})
+    assert _sockets(server_folder) == []
+
+
+def test_a_session_running_threads_does_not_fork_itself(pytester, monkeypatch, server_folder):
+    monkeypatch.setenv("ACCEL_SIM_SERVER", "0")
+    pytester.makepyfile(test_h_threads=TORCH_AT_TOP.format(name="threads"))
+    pytester.makeconftest(
+        """
+        import pathlib, threading
+        from accel.sim import forking
+
+        _stop = threading.Event()
+        threading.Thread(target=_stop.wait, daemon=True).start()
+
+        def pytest_sessionfinish(session):
+            (pathlib.Path(__file__).parent / "refusal").write_text(forking.session_refusal)
+            _stop.set()
+        """
+    )
+    pytester.runpytest_subprocess(*NO_HYPOTHESIS).assert_outcomes(passed=1)
+    assert "Python threads" in (pytester.path / "refusal").read_text()
+    states = _rank_states(pytester)
+    assert all(state["parent_cmdline"] != state["grandparent_cmdline"] for state in states.values())
+    assert_nothing_left_running(set(states), {state["parent"] for state in states.values()})
+
+
+def test_the_threads_torch_import_started_are_known_and_its_loader_is_its_own():
+    code = (
+        "import sys, threading\n"
+        "from accel.sim import forking\n"
+        "forking.watch_torch_import()\n"
+        "import torch\n"
+        "assert forking._torch_threads == forking._native_threads() >= 1, forking._torch_threads\n"
+        "assert type(torch.__loader__).__name__ == type(torch.__spec__.loader).__name__ == 'SourceFileLoader'\n"
+        "assert not any(isinstance(f, forking._TorchImportWatch) for f in sys.meta_path)\n"
+        "assert forking.self_fork_refusal() == '', forking.self_fork_refusal()\n"
+        "torch.set_num_threads(2)\n"
+        "torch.ones(4096, 4096).sum(); torch.ones(256, 256) @ torch.ones(256, 256)\n"
+        "threading.Thread(target=lambda: None).start()\n"
+        "print(forking.self_fork_refusal())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "threads" in done.stdout

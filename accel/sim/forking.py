@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.abc
+import importlib.machinery
 import json
 import multiprocessing
 import os
@@ -31,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from accel.sim import entry, stacks
@@ -43,7 +46,9 @@ SERVER_ENV = "ACCEL_SIM_SERVER"
 #: variables that name one session's moment or start coverage in every interpreter: not
 #: part of what a server depends on, and not given to it
 _TRANSIENT_PREFIXES = ("PYTEST_", "COV_CORE_")
-_TRANSIENT_NAMES = ("COVERAGE_PROCESS_START", "PYTHONBREAKPOINT")
+_TRANSIENT_NAMES = ("COVERAGE_PROCESS_START", "PYTHONBREAKPOINT", "ACCEL_SIM_SELF_FORK")
+#: environment variable turning off ("0") the session's own rank server forked from itself
+SELF_FORK_ENV = "ACCEL_SIM_SELF_FORK"
 #: seconds a request to the rank server may take (its start imports torch)
 SERVER_TIMEOUT = float(os.environ.get("ACCEL_SIM_START_TIMEOUT", "120"))
 #: bumped when the protocol between client and server changes
@@ -108,7 +113,10 @@ def server_wanted() -> bool:
 
 def warm_up() -> None:
     """Start the fork server (or reach the rank server) now, in the background, so that it
-    imports torch while the caller goes on (pytest collecting)."""
+    imports torch while the caller goes on (pytest collecting); nothing to do when ranks come
+    from this process's own rank server (`fork_session_server`)."""
+    if _session is not None and _session_owner == os.getpid():
+        return
     if _use_server:
         threading.Thread(target=_warm_client, name="accel-sim-server-connect", daemon=True).start()
         return
@@ -126,6 +134,8 @@ def _warm_client() -> None:
 
 def start_rank(config: dict[str, Any]) -> tuple[Any, Any]:
     """Start one rank running `entry.rank_main(config, conn)`: (process handle, parent's end of conn)."""
+    if _session is not None and _session_owner == os.getpid():
+        return _session.start_rank(config)
     if _use_server:
         return client().start_rank(config)
     ctx = context()
@@ -136,6 +146,182 @@ def start_rank(config: dict[str, Any]) -> tuple[Any, Any]:
     finally:
         child_end.close()
     return proc, parent_end
+
+
+# -- the session's own rank server, forked from this process ---------------------------------
+
+#: native threads of this process right after it imported torch (None: not seen)
+_torch_threads: int | None = None
+
+
+class _TorchImportWatch(importlib.abc.MetaPathFinder):
+    """Notes how many native threads this process runs right after torch's import: what its
+    import started (one idle thread) is safe to fork over, any thread started later is not."""
+
+    def find_spec(self, name: str, path: Sequence[str] | None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        with contextlib.suppress(ValueError):  # once is enough
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _WatchedLoader(spec.loader)
+        return spec
+
+
+class _WatchedLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        global _torch_threads
+        # The module's own loader from now on, as without the watch.
+        module.__loader__ = module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        _torch_threads = _native_threads()
+
+
+def watch_torch_import() -> None:
+    """Start watching for torch's import in this process (the pytest harness does it as it loads)."""
+    if "torch" not in sys.modules and not any(isinstance(f, _TorchImportWatch) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TorchImportWatch())
+
+
+def _native_threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return -1
+
+
+#: `self_fork_refusal`'s answer while torch is still to be imported (the module being collected may)
+NO_TORCH_YET = "torch is not imported in this process"
+
+
+def self_fork_refusal() -> str:
+    """Why this process may not fork itself into a rank server now, or "" when it may."""
+    if os.environ.get(SELF_FORK_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"{SELF_FORK_ENV}=0"
+    if not sys.platform.startswith("linux"):
+        return "not on Linux"
+    if "torch" not in sys.modules:
+        if not any(isinstance(finder, _TorchImportWatch) for finder in sys.meta_path):
+            return "torch's import is not watched (`watch_torch_import`)"
+        return NO_TORCH_YET
+    if _torch_threads is None:
+        return "torch was imported before accel could watch which threads its import started"
+    if threading.active_count() != 1:
+        return f"this process runs {threading.active_count()} Python threads"
+    native = _native_threads()
+    if native != _torch_threads:
+        return f"this process runs {native} threads, {_torch_threads} right after importing torch"
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return "this process is traced (coverage, a debugger, a profiler)"
+    return ""
+
+
+_session: ServerClient | None = None
+_session_owner = 0
+#: why the last `fork_session_server` did not fork
+session_refusal = ""
+#: the rank server to start when the session ends (key, socket path, sys.path, environment, cwd)
+_server_plan: dict[str, Any] | None = None
+
+
+def session_server_pid() -> int | None:
+    """The pid of this process's own rank server (`fork_session_server`), if it runs one."""
+    return _session.server_pid if _session is not None and _session_owner == os.getpid() else None
+
+
+def fork_session_server(own_warning_filters: Sequence[tuple] = ()) -> bool:
+    """Fork this process, which imported torch already, into a rank server of this session only.
+
+    The first session of the edit-test loop (no rank server yet, or none wanted, as under
+    CI) would otherwise import torch a second time in a fresh server, competing with its
+    own import. Only done when safe (`self_fork_refusal`: no thread but this one and
+    torch's idle one, nothing tracing); the child drops the session's own set-up
+    (`accel.sim.server.serve_session`), `own_warning_filters` included (pytest's). It ends
+    with the session (`end_session`), which then starts the shared rank server for the next
+    sessions when one is wanted.
+    Returns whether ranks now come from it.
+    """
+    global _session, _session_owner, session_refusal, _server_plan
+    if _session is not None and _session_owner == os.getpid():
+        return True
+    session_refusal = self_fork_refusal()
+    if session_refusal:
+        return False
+    from accel.sim import server
+
+    preload = preload_modules()
+    plan = _plan_server() if _use_server else None
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        server.serve_session(theirs, preload, {"drop_filters": list(own_warning_filters)})  # never returns
+    theirs.close()
+    ours.settimeout(SERVER_TIMEOUT)
+    _session, _session_owner, _server_plan = ServerClient(ours, pid), os.getpid(), plan
+    return True
+
+
+def end_session(timeout: float = 10.0) -> None:
+    """End this session's own rank server (its ranks with it), then start the shared one for the
+    next sessions when wanted (in the background: this session does not wait for its import)."""
+    global _session, _server_plan
+    if _session is None or _session_owner != os.getpid():
+        return
+    session, plan = _session, _server_plan
+    _session, _server_plan = None, None
+    session.close()  # it kills its ranks still running, then exits
+    deadline = time.monotonic() + timeout
+    while os.waitpid(session.server_pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(session.server_pid, 9)
+            os.waitpid(session.server_pid, 0)
+            break
+        time.sleep(0.002)
+    if plan is not None:
+        with contextlib.suppress(OSError, RuntimeError):  # the next session starts one itself
+            _start_planned_server(plan)
+
+
+def _plan_server() -> dict[str, Any]:
+    key = server_key()
+    return {
+        "key": key,
+        "path": os.path.join(server_directory(), f"{key[:32]}.sock"),
+        "sys_path": list(sys.path),
+        "env": server_environment(),
+        "cwd": os.getcwd(),
+        "preload": preload_modules(),
+    }
+
+
+def _start_planned_server(plan: dict[str, Any]) -> None:
+    with _locked(_log_path(plan["path"])):
+        sock = _try_connect(plan["path"])
+        if sock is not None:  # another session started it meanwhile
+            sock.close()
+            return
+        _spawn(plan["path"], plan["key"], plan, wait=False)
+
+
+def server_running() -> bool:
+    """Whether the rank server of this session's key is there to connect to."""
+    if _client is not None and _client_pid == os.getpid():
+        return True
+    sock = _try_connect(os.path.join(server_directory(), f"{server_key()[:32]}.sock"))
+    if sock is None:
+        return False
+    sock.close()
+    return True
 
 
 # -- the rank server, client side -----------------------------------------------------------
@@ -347,8 +533,12 @@ _SERVER_MAIN = (
 )
 
 
-def _spawn(path: str, key: str) -> None:
-    """Start a rank server listening at `path` (the socket is bound here, so connecting never races it)."""
+def _spawn(path: str, key: str, plan: dict[str, Any] | None = None, wait: bool = True) -> None:
+    """Start a rank server listening at `path` (the socket is bound here, so connecting never races it).
+
+    `plan` (`_plan_server`) gives the sys.path, environment, working directory and preload it
+    starts with (default: ours now); `wait` False does not wait for it to become a daemon."""
+    plan = plan or {"sys_path": sys.path, "env": server_environment(), "cwd": None, "preload": preload_modules()}
     with contextlib.suppress(FileNotFoundError):  # a dead server's
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX)
@@ -361,7 +551,7 @@ def _spawn(path: str, key: str) -> None:
                     sys.executable,
                     "-c",
                     _SERVER_MAIN,
-                    json.dumps(sys.path),
+                    json.dumps(plan["sys_path"]),
                     "serve",
                     "--fd",
                     str(listener.fileno()),
@@ -370,20 +560,29 @@ def _spawn(path: str, key: str) -> None:
                     "--key",
                     key,
                     "--preload",
-                    ",".join(preload_modules()),
+                    ",".join(plan["preload"]),
                 ],
                 pass_fds=(listener.fileno(),),
-                env=server_environment(),
+                env=plan["env"],
+                cwd=plan["cwd"],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
             )
+        if not wait:
+            # Reaped here next time, or by init once this process exits.
+            _detached[:] = [*(proc for proc in _detached if proc.poll() is None), intermediate]
+            return
         code = intermediate.wait(SERVER_TIMEOUT)
         if code != 0:
             raise RuntimeError(f"the rank server did not start (exit code {code}); its log:\n{_log_tail(path)}")
     finally:
         listener.close()
+
+
+#: intermediate processes of servers started without waiting
+_detached: list[subprocess.Popen] = []
 
 
 def _log_path(socket_path: str) -> str:

@@ -149,7 +149,10 @@ class _Rank:
 class Server:
     """The server's loop (see the module docstring)."""
 
-    def __init__(self, listener: socket.socket, path: str, key: str, idle: float) -> None:
+    def __init__(
+        self, listener: socket.socket | None, path: str, key: str, idle: float, record_files: bool = True
+    ) -> None:
+        #: None: a session's own server (`serve_session`), serving the one client it was forked with
         self.listener = listener
         self.path = path
         self.key = key
@@ -159,7 +162,7 @@ class Server:
         self.accepting = True
         #: when the last client left (the idle time counts from then)
         self.last_active = time.monotonic()
-        self.files = module_files()
+        self.files = module_files() if record_files else {}
         #: threads after the preload (torch's library starts one idle native thread)
         self.native_threads = _native_threads()
         try:
@@ -175,7 +178,8 @@ class Server:
         signal.set_wakeup_fd(self.wake_w)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop through the pipe
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the sessions'
-        self.selector.register(self.listener, selectors.EVENT_READ)
+        if self.listener is not None:
+            self.selector.register(self.listener, selectors.EVENT_READ)
         self.selector.register(self.wake_r, selectors.EVENT_READ)
         while True:
             if self.clients or self.ranks:
@@ -200,6 +204,8 @@ class Server:
             self._reap()
 
     def _accept(self) -> None:
+        if self.listener is None:
+            return
         try:
             client, _ = self.listener.accept()
         except OSError:
@@ -277,7 +283,8 @@ class Server:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             self.selector.close()
-            self.listener.close()
+            if self.listener is not None:
+                self.listener.close()
             for client in self.clients:
                 client.close()
             for rank in self.ranks.values():
@@ -330,6 +337,8 @@ class Server:
         if not self.accepting:
             return
         self.accepting = False
+        if self.listener is None:
+            return
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(self.listener)
         self.listener.close()
@@ -383,6 +392,94 @@ def serve(listener_fd: int, path: str, key: str, preload: list[str], idle: float
         with contextlib.suppress(OSError):  # nothing to tell: no need to keep it
             if os.path.getsize(log) == 0:
                 os.unlink(log)
+
+
+def serve_session(conn: socket.socket, preload: list[str], fresh: dict[str, Any]) -> None:
+    """In a child the session's own process forked once it had imported torch
+    (`accel.sim.forking.fork_session_server`): serve that session alone, then exit.
+
+    The child leaves behind what the session's process had set up for itself (its
+    streams and descriptors, signal handlers, logging handlers, warning filters, import
+    hooks, torch's defaults), so that ranks forked from it start as they would from a
+    fresh server; it dies with the session (parent-death signal), and exits once the
+    session's connection closed and its ranks are gone. Never returns.
+    """
+    code = 1
+    try:
+        _leave_session_state(conn.fileno(), fresh)
+        for name in preload:
+            importlib.import_module(name)
+        server = Server(None, "", "session", 0.0, record_files=False)
+        server.accepting = False
+        server.clients[conn] = set()
+        server.selector.register(conn, selectors.EVENT_READ)
+        server.serve()
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _leave_session_state(keep_fd: int, fresh: dict[str, Any]) -> None:
+    import faulthandler
+    import logging
+    import warnings
+
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the session ended before prctl took effect
+            os._exit(1)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_DFL)
+    faulthandler.disable()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    # The session's streams may be pytest's capture files: a rank prints to its own fds.
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        fd = int(name)
+        if fd > 2 and fd != keep_fd:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed already
+                os.close(fd)
+    root = logging.getLogger()
+    root.handlers.clear()
+    root.setLevel(logging.WARNING)
+    logging.disable(logging.NOTSET)
+    # The filters the session applied over its own (pytest's), each once, from the front where
+    # they were inserted; what imported modules added stays, as in a fresh server.
+    filters = list(warnings.filters)
+    for added in fresh.get("drop_filters", ()):
+        if added in filters:
+            filters.remove(added)
+    warnings.filters[:] = filters  # type: ignore[index]  # a list at runtime
+    warnings.showwarning = getattr(warnings, "_showwarning_orig", warnings.showwarning)
+    if getattr(warnings._showwarnmsg_impl, "__module__", None) != "warnings":  # type: ignore[attr-defined]
+        warnings._showwarnmsg_impl = _show_warning  # type: ignore[attr-defined]  # a recording session's list.append
+    getattr(warnings, "_filters_mutated", lambda: None)()
+    # pytest's assertion rewriting hook: ranks rewrite the test modules themselves (harness.remote).
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not type(finder).__module__.startswith("_pytest")]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_default_dtype(torch.float32)
+        torch.use_deterministic_algorithms(False)
+        torch.set_grad_enabled(True)
+
+
+def _show_warning(message: Any) -> None:
+    """What `warnings` shows a warning with in a fresh interpreter (its `_showwarnmsg_impl`)."""
+    import warnings
+
+    file = message.file if message.file is not None else sys.stderr
+    if file is None:  # no stderr (pythonw): nowhere to show it
+        return
+    with contextlib.suppress(OSError):  # as warnings does: a broken stream loses the warning
+        file.write(warnings._formatwarnmsg(message))  # type: ignore[attr-defined]
 
 
 def stop_all(directory: str) -> int:
