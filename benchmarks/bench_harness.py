@@ -8,6 +8,8 @@ measured side by side under the same load:
 - warm: the tests reuse the pool's ranks, with the collective check on (the default);
 - warm, check off: the same with ``ACCEL_SIM_CHECK_COLLECTIVES=0``: the difference is
   what the check's own exchange costs;
+- warm, check through the store: the check's signatures exchanged through the rendezvous
+  store (``ACCEL_SIM_CHECK_EXCHANGE=store``, as before the shared-memory exchange);
 - isolated: each test declared `isolated=True`, which forks fresh ranks (a
   fork-per-launch runner), for scale. (In a session of their own: the killed ranks of
   one would otherwise slow the warm test after it.)
@@ -139,7 +141,13 @@ def main() -> None:
     args = parser.parse_args()
 
     unchecked = {**os.environ, "ACCEL_SIM_CHECK_COLLECTIVES": "0"}
-    kinds = {"warm": (False, dict(os.environ)), "unchecked": (False, unchecked), "isolated": (True, dict(os.environ))}
+    through_store = {**os.environ, "ACCEL_SIM_CHECK_EXCHANGE": "store"}
+    kinds = {
+        "warm": (False, dict(os.environ)),
+        "unchecked": (False, unchecked),
+        "store": (False, through_store),
+        "isolated": (True, dict(os.environ)),
+    }
     medians: dict[str, list[float]] = {kind: [] for kind in kinds}
     cold, walls = [], []
     with tempfile.TemporaryDirectory(prefix="accel-bench-harness-") as root:
@@ -161,18 +169,26 @@ def main() -> None:
             print(f"round {round_index + 1}: first test {cold[-1]:.2f} s, " + ", ".join(line))
 
     launch_on, launch_off = launch_latency(100, True) * 1e3, launch_latency(100, False) * 1e3
-    warm, unchecked_ms, isolated_ms = (statistics.median(medians[kind]) * 1e3 for kind in kinds)
+    warm, unchecked_ms, store_ms, isolated_ms = (statistics.median(medians[kind]) * 1e3 for kind in kinds)
     print()
     print(f"trivial 4-rank test (one all_reduce), per test, median of {args.rounds} sessions x {args.tests} tests:")
-    print(f"  warm ranks, collective check on (default) {warm:8.1f} ms")
+    print(f"  warm ranks, collective check on (default) {warm:8.1f} ms  {_spread(medians['warm'])}")
     check_cost = warm - unchecked_ms
     print(f"  warm ranks, collective check off          {unchecked_ms:8.1f} ms  (the check costs {check_cost:+.1f} ms)")
+    print(
+        f"  warm ranks, check through the store       {store_ms:8.1f} ms  (shared memory saves "
+        f"{store_ms - warm:+.1f} ms; ratio {warm / store_ms:.2f})"
+    )
     print(f"  fresh ranks per test (isolated=True)      {isolated_ms:8.1f} ms  ({isolated_ms / warm:.1f} x warm)")
     print(f"  first test of a warm session (cold)       {statistics.median(cold):8.2f} s  (rank server, first pool)")
     session = f"whole warm session ({1 + args.tests} tests)"
     print(f"  {session:<41} {statistics.median(walls):8.2f} s  (includes pytest start)")
     print(f"  accel.sim.launch alone, warm, check on    {launch_on:8.1f} ms")
     print(f"  accel.sim.launch alone, warm, check off   {launch_off:8.1f} ms")
+
+
+def _spread(values: list[float]) -> str:
+    return "(sessions: " + ", ".join(f"{value * 1e3:.1f}" for value in values) + ")"
 
 
 if __name__ == "__main__":

@@ -216,3 +216,64 @@ def test_decorator_refuses_bad_faults_and_check_values():
         distributed_test(faults=["boom:rank=0:collective=1"])
     with pytest.raises(TypeError, match="check_collectives"):
         distributed_test(check_collectives="yes")
+
+
+# -- the collective check's exchange (accel.sim.collectives) -----------------------------------
+
+
+def checked_collectives_and_store_keys(long_signatures):
+    """Agreeing collectives (short signatures, and long ones published as digests); the store's key
+    count before and after, and whether the shared-memory exchange carried them."""
+    import torch
+    import torch.distributed as dist
+
+    from accel.sim import collectives
+
+    watch = collectives._watch
+    before = watch._store().num_keys()
+    for _ in range(20):
+        value = torch.ones(2)
+        dist.all_reduce(value)
+    outputs = [torch.zeros(3) for _ in range(long_signatures)]
+    dist.all_reduce_coalesced(outputs)
+    dist.barrier()
+    return watch.exchange is not None, watch._store().num_keys() - before, value.tolist()
+
+
+def long_signatures_differ():
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    # 30 tensors each: the signature is long (a digest crosses the exchange), and rank 1's last differs
+    tensors = [torch.ones(3) for _ in range(29)] + [torch.ones(3 if rank == 0 else 4)]
+    dist.all_reduce_coalesced(tensors)
+
+
+@pytest.mark.parametrize("long_signatures", [1, 30])
+def test_the_check_goes_through_shared_memory_not_the_store(long_signatures):
+    from accel.sim import launch
+
+    results = launch(checked_collectives_and_store_keys, args=(long_signatures,), world_size=4)
+    assert results == [(True, 0, [4.0, 4.0])] * 4
+
+
+@pytest.mark.parametrize("exchange", ["shm", "store"])
+def test_a_mismatch_of_long_signatures_is_reported_in_full_either_way(monkeypatch, exchange):
+    from accel.sim import DistributedFailure, launch
+
+    monkeypatch.setenv("ACCEL_SIM_CHECK_EXCHANGE", exchange)
+    with pytest.raises(DistributedFailure) as info:
+        launch(long_signatures_differ, world_size=2, isolated=True, timeout=60)
+    calls = info.value.failures[1].exception.calls
+    assert calls[0][0] == "all_reduce_coalesced([" + "float32[3], " * 29 + "float32[3]])"
+    assert calls[1][0] == "all_reduce_coalesced([" + "float32[3], " * 29 + "float32[4]])"
+    assert all(
+        where.endswith(f"test_harness_diagnoses.py:{_line_of('dist.all_reduce_coalesced(tensors)')}")
+        for _, where in calls.values()
+    )
+
+
+def _line_of(text):
+    with open(__file__) as handle:
+        return next(number for number, line in enumerate(handle, 1) if line.strip() == text)

@@ -14,9 +14,14 @@ another (`all_gather_object` calls `all_gather`) counts once, as the outer one. 
   says so at once instead of at the timeout;
 - **check** (on by default, `check_collectives=False` turns it off): before the call, every
   rank of the group publishes the collective's signature (op, tensor shapes and dtypes,
-  root, reduce op) under the group's sequence number in the rendezvous store and reads
-  the others'. Different signatures raise `CollectiveMismatch` in every rank of the group,
-  naming each rank's collective and the line of the user's code that called it.
+  root, reduce op) under the group's sequence number and reads the others'. Different
+  signatures raise `CollectiveMismatch` in every rank of the group, naming each rank's
+  collective and the line of the user's code that called it. The signatures go through
+  memory the pool's ranks share (`_Exchange`: one slot per rank, peers woken with a
+  futex), so that a check costs no round trip to the rendezvous store and wakes no thread
+  of rank 0; where futexes cannot be called (not Linux on x86-64 or arm64) they go
+  through the rendezvous store. A mismatch's details (full signatures, where each was
+  called) always go through the store: only then are they needed.
 
 Why not torch's own checker (``TORCH_DISTRIBUTED_DEBUG=DETAIL``, the `ProcessGroupWrapper`
 of `dist._create_process_group_wrapper`)? It compares the same fingerprint (op, shapes,
@@ -27,14 +32,18 @@ torch's other debug checks. `benchmarks/bench_collective_check.py` measures both
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import functools
+import hashlib
 import inspect
 import json
 import mmap
 import os
+import platform
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +99,127 @@ _LIBRARY_DIRS = tuple(
 )
 
 
+#: futex(2)'s system call number, per machine (None: the store carries the check)
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine()) if sys.platform == "linux" else None
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+#: bytes of a rank's slot in the shared exchange: a generation counter (the futex word), the
+#: length of what follows, and {"t": task, "c": {channel: [seq, signature, previous signature]}}
+SLOT_SIZE = 65536
+_SLOT_HEADER = 8
+#: seconds a rank sleeps on a peer's futex before it looks again (a torn read waits no longer)
+_WAIT_SLICE = 0.05
+#: longest signature published as it is (longer ones are published as a digest)
+_SHORT_SIGNATURE = 200
+
+
+def _published(signature: str) -> str:
+    """A signature as the exchange carries it: itself, or a digest of a long one."""
+    if len(signature) <= _SHORT_SIGNATURE:
+        return signature
+    return "#" + hashlib.sha1(signature.encode()).hexdigest()
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Exchange:
+    """The check's signatures, in a file every rank of the pool maps (one slot per rank).
+
+    A rank writes its slot (its last two signatures per channel, for the task), then bumps
+    its slot's generation and wakes whoever waits on it (futex). A peer reads the slot,
+    and when what it needs is not there yet, sleeps on that generation. A signature needs
+    to stay only until the next one of its channel: a peer is never more than one
+    collective of a channel ahead (it would need ours to pass its next check).
+    """
+
+    def __init__(self, path: str, rank: int, world_size: int) -> None:
+        self.rank = rank
+        size = SLOT_SIZE * world_size
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)  # every rank does it, to the same size: no race
+            self.memory = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self._words = [ctypes.c_uint32.from_buffer(self.memory, peer * SLOT_SIZE) for peer in range(world_size)]
+        self._addresses = [ctypes.addressof(word) for word in self._words]
+        self._lock = threading.Lock()
+        self._task = -1
+        self._entries: dict[str, list[Any]] = {}
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._libc.syscall.restype = ctypes.c_long
+
+    def publish(self, task: int, channel: str, seq: int, signature: str) -> None:
+        value = _published(signature)
+        with self._lock:
+            if task != self._task:
+                self._task, self._entries = task, {}
+            last = self._entries.get(channel)
+            self._entries[channel] = [seq, value, last[1] if last is not None and last[0] == seq - 1 else None]
+            data = json.dumps({"t": task, "c": self._entries}, separators=(",", ":")).encode()
+            if _SLOT_HEADER + len(data) > SLOT_SIZE:
+                raise RuntimeError(
+                    f"the collective check of rank {self.rank} has no room left for this task's "
+                    f"{len(self._entries)} process groups; run it with check_collectives=False"
+                )
+            start = self.rank * SLOT_SIZE
+            self.memory[start + _SLOT_HEADER : start + _SLOT_HEADER + len(data)] = data
+            self.memory[start + 4 : start + 8] = len(data).to_bytes(4, "little")
+            word = self._words[self.rank]
+            word.value = (word.value + 1) & 0xFFFFFFFF
+        self._futex(self.rank, _FUTEX_WAKE, 0x7FFFFFFF, None)
+
+    def collect(self, peers: list[int], task: int, channel: str, seq: int, timeout: float) -> dict[int, str] | None:
+        """Each peer's signature of collective `seq` of `channel` (waiting for them); None at the timeout."""
+        found: dict[int, str] = {}
+        deadline = time.monotonic() + timeout
+        for peer in peers:
+            while True:
+                generation = self._words[peer].value
+                value = self._read(peer, task, channel, seq)
+                if value is not None:
+                    found[peer] = value
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                wait = min(left, _WAIT_SLICE)
+                spec = _Timespec(int(wait), int((wait % 1) * 1e9))
+                self._futex(peer, _FUTEX_WAIT, generation, spec)
+        return found
+
+    def _read(self, peer: int, task: int, channel: str, seq: int) -> str | None:
+        start = peer * SLOT_SIZE
+        size = int.from_bytes(self.memory[start + 4 : start + 8], "little")
+        if not size or size > SLOT_SIZE - _SLOT_HEADER:
+            return None
+        try:
+            slot = json.loads(self.memory[start + _SLOT_HEADER : start + _SLOT_HEADER + size])
+        except ValueError:  # read while the peer rewrote it: it bumps its generation once done
+            return None
+        entry = slot.get("c", {}).get(channel) if slot.get("t") == task else None
+        if entry is None:
+            return None
+        if entry[0] == seq:
+            return str(entry[1])
+        if entry[0] == seq + 1 and entry[2] is not None:
+            return str(entry[2])
+        return None
+
+    def _futex(self, peer: int, op: int, value: int, timeout: _Timespec | None) -> None:
+        self._libc.syscall(
+            ctypes.c_long(_SYS_FUTEX or 0),
+            ctypes.c_void_p(self._addresses[peer]),
+            ctypes.c_int(op),
+            ctypes.c_uint32(value),
+            ctypes.byref(timeout) if timeout is not None else None,
+            None,
+            ctypes.c_int(0),
+        )
+
+
 class _Watch:
     """This process's collective bookkeeping (one per rank process)."""
 
@@ -103,6 +233,8 @@ class _Watch:
         self.task = 0
         self.sequences: dict[str, int] = {}
         self.board: mmap.mmap | None = None
+        #: the shared memory the check's signatures go through (None: the rendezvous store)
+        self.exchange: _Exchange | None = None
         self.store: Any = None
         self.prefix_store: Any = None
         #: (prefix store, sequences) of ended tasks whose signatures are still in the store
@@ -183,31 +315,46 @@ class _Watch:
         group_name: str,
         seq: int,
     ) -> None:
-        store = self._store()
         signature = _signature(name, index, args, kwargs)
         key = f"{group_name}/{seq}/"
-        store.set(key + str(self.rank), signature)
-        if seq > 2:
-            # Every peer has read our signature of seq-2 once it published seq-1, which we
-            # have read: the key can go, so that the store does not grow with a long run.
-            store.delete_key(f"{group_name}/{seq - 2}/{self.rank}")
         peers = [rank for rank in ranks if rank != self.rank]
-        try:
-            values = store.multi_get([key + str(rank) for rank in peers])
-        except dist.DistStoreError as error:
+        timed_out: BaseException | None = None
+        values: list[str] | None = None
+        if self.exchange is not None:
+            self.exchange.publish(self.task, group_name, seq, signature)
+            found = self.exchange.collect(peers, self.task, group_name, seq, check_timeout())
+            if found is not None:
+                values = [found[rank] for rank in peers]
+        else:
+            store = self._store()
+            store.set(key + str(self.rank), signature)
+            if seq > 2:
+                # Every peer has read our signature of seq-2 once it published seq-1, which we
+                # have read: the key can go, so that the store does not grow with a long run.
+                store.delete_key(f"{group_name}/{seq - 2}/{self.rank}")
+            try:
+                values = [value.decode() for value in store.multi_get([key + str(rank) for rank in peers])]
+            except dist.DistStoreError as error:
+                timed_out = error
+        if values is None:
             who = f"{'rank' if len(peers) == 1 else 'ranks'} {ranges(peers)}"
             raise TimeoutError(
                 f"rank {self.rank} waited {check_timeout():g} s for {who} to reach collective #{seq} of group "
                 f"{group_name} ({name}); set ACCEL_SIM_CHECK_TIMEOUT to wait longer"
-            ) from error
-        signatures = {self.rank: signature, **{rank: value.decode() for rank, value in zip(peers, values, strict=True)}}
-        if len(set(signatures.values())) == 1:
+            ) from timed_out
+        own = _published(signature) if self.exchange is not None else signature
+        if all(value == own for value in values):
             return
-        # Every rank of the group sees the mismatch: each publishes where it was called
-        # from (only now: finding it costs a stack walk), then all raise the same report.
-        store.set(f"{key}where/{self.rank}", _user_location(sys._getframe(1)))
+        # Every rank of the group sees the mismatch: each publishes its full signature and
+        # where it was called from (only now: finding it costs a stack walk), then all raise
+        # the same report.
+        store = self._store()
+        store.set(f"{key}where/{self.rank}", f"{signature}\0{_user_location(sys._getframe(1))}")
         wheres = store.multi_get([f"{key}where/{rank}" for rank in ranks])
-        calls = {rank: (signatures[rank], where.decode()) for rank, where in zip(ranks, wheres, strict=True)}
+        calls: dict[int, tuple[str, str]] = {}
+        for rank, value in zip(ranks, wheres, strict=True):
+            called, _, where = value.decode().partition("\0")
+            calls[rank] = (called, where)
         raise CollectiveMismatch(_mismatch_text(calls, seq, group_name, ranks), calls)
 
     def _store(self) -> Any:
@@ -262,6 +409,8 @@ _watch = _Watch()
 def install(workdir: str, rank: int) -> None:
     """Wrap torch.distributed's collectives in this rank process (once, at its start)."""
     _watch.rank = rank
+    if _SYS_FUTEX is not None and os.environ.get("ACCEL_SIM_CHECK_EXCHANGE", "shm") != "store":
+        _watch.exchange = _Exchange(os.path.join(workdir, "check.shm"), rank, dist.get_world_size())
     path = board_path(workdir, rank)
     with open(path, "wb") as handle:
         handle.write(b"I" + b"\0" * (BOARD_SIZE - 1))
