@@ -530,3 +530,29 @@ def test_object_collectives_want_a_gloo_group_and_xm_survives_a_gloo_default_gro
     value = torch.full((2,), float(rank), device=torch_xla.device())
     assert xm.all_reduce(xm.REDUCE_SUM, value).cpu().tolist() == [float(sum(range(world_size)))] * 2
     assert xm.all_gather(value).cpu().tolist() == [float(r) for r in range(world_size) for _ in range(2)]
+
+
+@distributed_test(world_size=SIZES, device="xla")
+def test_broadcast_master_param_reduce_gradients_and_model_wrapper(rank, world_size):
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    device = torch_xla.device()
+    torch.manual_seed(rank)  # every core starts from other weights
+    wrapped = xmp.MpModelWrapper(torch.nn.Linear(3, 2))
+    model = wrapped.to(device)
+    assert next(model.parameters()).device == device
+    xm.broadcast_master_param(model)
+    torch.manual_seed(0)
+    master = torch.nn.Linear(3, 2)
+    for mine, theirs in zip(model.parameters(), master.parameters(), strict=True):
+        torch.testing.assert_close(mine.detach().cpu(), theirs.detach())
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float(rank))
+    xm.reduce_gradients(optimizer)
+    for p in model.parameters():
+        assert p.grad.cpu().unique().tolist() == [pytest.approx(sum(range(world_size)) / world_size)]
+    assert [g.data_ptr() for g in xm._fetch_gradients(optimizer)] == [p.grad.data_ptr() for p in model.parameters()]
