@@ -216,6 +216,28 @@ def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> torch.Tensor:
     return XlaTensor(_originals["as_tensor"](data, dtype=dtype), SIM.resolve(device))
 
 
+def check_grad(tensor: torch.Tensor, grad: Any) -> None:
+    """Before `tensor.grad = grad`: a gradient on another kind of device fails in torch's words, naming XLA."""
+    if not isinstance(grad, torch.Tensor):
+        return
+    kinds = (grad.device.type, tensor.device.type)
+    if kinds[0] != kinds[1] and "xla" in kinds:
+        raise RuntimeError(
+            f"attempting to assign a gradient with device type '{grad.device.type}' to a tensor with device type "
+            f"'{tensor.device.type}'. Please ensure that the gradient and the tensor are on the same device"
+        )
+
+
+def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+    """`Tensor.pin_memory` on a TPU host: torch knows of no accelerator to pin memory for."""
+    raise RuntimeError("Cannot access accelerator device when none is available.")
+
+
+def is_pinned(self: torch.Tensor, device: Any = None) -> bool:
+    """`Tensor.is_pinned` on a TPU host: no memory is pinned."""
+    return False
+
+
 # -- autocast: torch_xla's TPU policy ----------------------------------------------------------------
 
 #: torch_xla/csrc/autocast_mode.cpp (`TORCH_LIBRARY_IMPL(aten, AutocastXLA, m)`), op by op
@@ -281,6 +303,9 @@ def install() -> None:
     AUTOCAST.install(XLA_AUTOCAST_POLICY)
     _originals.update(to=torch.Tensor.to, tensor=torch.tensor, as_tensor=torch.as_tensor)
     torch.Tensor.to = tensor_to  # type: ignore[method-assign,assignment]  # same signature
+    torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign,assignment]  # same signature
+    torch.Tensor.is_pinned = is_pinned  # type: ignore[method-assign,assignment]  # same signature
+    torch_internals.check_grad_device(check_grad)
     torch.tensor = tensor  # type: ignore[assignment]  # same signature
     torch.as_tensor = as_tensor
     _installed.append(True)
