@@ -269,11 +269,11 @@ def test_a_mismatch_of_long_signatures_is_reported_in_full_either_way(monkeypatc
     assert calls[0][0] == "all_reduce_coalesced([" + "float32[3], " * 29 + "float32[3]])"
     assert calls[1][0] == "all_reduce_coalesced([" + "float32[3], " * 29 + "float32[4]])"
     assert all(
-        where.endswith(f"test_harness_diagnoses.py:{_line_of('dist.all_reduce_coalesced(tensors)')}")
+        where.endswith(f"test_harness_diagnoses.py:{_line_here('dist.all_reduce_coalesced(tensors)')}")
         for _, where in calls.values()
     )
 
 
-def _line_of(text):
+def _line_here(text):
     with open(__file__) as handle:
         return next(number for number, line in enumerate(handle, 1) if line.strip() == text)
