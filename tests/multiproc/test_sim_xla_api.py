@@ -280,6 +280,13 @@ def test_rendezvous_mesh_reduce_and_save(rank, world_size, tmp_path):
     assert loaded["w"].device == torch.device("cpu") and loaded["w"].tolist() == [0.0, 0.0]
     assert loaded["step"] == [0, 7]  # torch_xla's walker gives lists for tuples
     xm.save({"mine": rank}, tmp_path / f"r{rank}.pt", master_only=False)
+    import torch_xla.utils.serialization as xser
+
+    xser.save(state, str(tmp_path / "xser.pt"))
+    xm.rendezvous("xser saved")
+    back = xser.load(str(tmp_path / "xser.pt"))
+    assert back["w"].device == torch.device("cpu") and back["w"].tolist() == [0.0, 0.0]
+    assert (tmp_path / "xser.pt.tensors" / "tensor_0.pt").is_file()
     assert torch.load(tmp_path / f"r{rank}.pt") == {"mine": rank}
 
     done = xm.do_on_ordinals(lambda t: t.device.type, (torch.ones(1, device=device),), ordinals=(world_size - 1,))
