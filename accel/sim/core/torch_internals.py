@@ -61,7 +61,7 @@ INTERNALS: dict[str, str] = {
     "torch._tensor_str._str": "printing a simulated tensor as a CUDA tensor prints",
     "torch._tensor_str._tensor_str": "printing a simulated tensor as a CUDA tensor prints",
     "torch._utils._rebuild_tensor": "checkpoints tagged cuda:k load back on that simulated GPU",
-    "torch._utils._rebuild_device_tensor_from_numpy": "a simulated XLA tensor pickles as torch pickles XLA tensors",
+    "torch._utils._rebuild_device_tensor_from_cpu_tensor": "simulated XLA tensors pickle as torch pickles XLA tensors",
     "torch.optim.optimizer._foreach_supported_types": "optimizers take the foreach path as on a real GPU",
     "torch._C._distributed_c10d._create_work_from_future": "the simulated NCCL group returns finished work",
     "torch._C._get_accelerator": "torch.accelerator and torch's own device look-ups answer CUDA, not the hidden device",
@@ -345,14 +345,15 @@ def reduce_as_tensor_on(inner: torch.Tensor, device: torch.device, requires_grad
 
 
 def reduce_as_device_tensor(inner: torch.Tensor, device: torch.device, requires_grad: bool) -> tuple[Any, tuple]:
-    """`__reduce_ex__` of a tensor on a storage-less device (XLA): its data as numpy, the device named.
+    """`__reduce_ex__` of a tensor on a storage-less device (XLA): a CPU copy of its data, the device named.
 
     What torch's own `Tensor._reduce_ex_internal` gives for an XLA tensor; loading calls
-    `torch._utils._rebuild_device_tensor_from_numpy`, which moves the data to that device.
+    `torch._utils._rebuild_device_tensor_from_cpu_tensor`, which moves the data to that device.
     """
     import torch._utils as utils
 
-    return utils._rebuild_device_tensor_from_numpy, (inner.detach().numpy(), inner.dtype, str(device), requires_grad)
+    cpu = inner.detach().clone()
+    return utils._rebuild_device_tensor_from_cpu_tensor, (cpu, inner.dtype, str(device), requires_grad)
 
 
 def allow_foreach(cls: type) -> None:
