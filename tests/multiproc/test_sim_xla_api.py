@@ -167,6 +167,11 @@ def test_xm_all_reduce_and_all_gather(rank, world_size):
     assert grads[1].cpu().tolist() == [0]  # XLA takes the scale in the tensor's type: int(0.5) == 0
     with pytest.raises(ValueError, match="Invalid reduce type 'avg'"):
         xm.all_reduce("avg", value)
+    if device.type == "xla":  # a batch left on the host: torch_xla's words, on every core (nothing hangs)
+        with pytest.raises(RuntimeError, match="^Expected XLA tensor. Got: CPUFloatType$"):
+            xm.all_reduce(xm.REDUCE_SUM, torch.ones(2))
+        with pytest.raises(RuntimeError, match="Element at index 1 is not an XLA tensor. Got: CPULongType"):
+            xm.all_reduce(xm.REDUCE_SUM, [value, torch.ones(2, dtype=torch.long)])
 
     mine = torch.tensor([[rank, 10 + rank]], device=device)
     assert xm.all_gather(mine).cpu().tolist() == [[r, 10 + r] for r in range(world_size)]
