@@ -277,3 +277,28 @@ def test_a_mismatch_of_long_signatures_is_reported_in_full_either_way(monkeypatc
 def _line_here(text):
     with open(__file__) as handle:
         return next(number for number, line in enumerate(handle, 1) if line.strip() == text)
+
+
+def test_the_exchange_hands_each_peer_the_signature_it_waits_for(tmp_path):
+    import threading
+
+    from accel.sim.collectives import _SYS_FUTEX, _Exchange
+
+    if _SYS_FUTEX is None:
+        pytest.skip("no futex on this machine: the check goes through the store")
+    path = str(tmp_path / "check.shm")
+    mine, peer = _Exchange(path, 0, 2), _Exchange(path, 1, 2)
+    assert mine.collect([1], 5, "default", 1, timeout=0.2) is None  # nothing published: the timeout
+    later = threading.Timer(0.1, peer.publish, args=(5, "default", 1, "all_reduce(float32[2])"))
+    later.start()
+    assert mine.collect([1], 5, "default", 1, timeout=30) == {1: "all_reduce(float32[2])"}  # woken by it
+    later.join()
+    peer.publish(5, "default", 2, "barrier()")
+    # one collective ahead, the peer still shows the one before; not another task's, nor another group's
+    assert mine.collect([1], 5, "default", 1, timeout=1) == {1: "all_reduce(float32[2])"}
+    assert mine.collect([1], 5, "default", 2, timeout=1) == {1: "barrier()"}
+    assert mine.collect([1], 6, "default", 2, timeout=0.05) is None
+    assert mine.collect([1], 5, "other", 1, timeout=0.05) is None
+    long = "all_gather([" + ", ".join(["float32[3]"] * 50) + "])"
+    peer.publish(5, "other", 1, long)
+    assert mine.collect([1], 5, "other", 1, timeout=1)[1].startswith("#")  # a digest of it
