@@ -21,6 +21,7 @@ Both strategies on several cards, side by side (each in simulated ranks of its o
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 
 import torch
@@ -68,6 +69,9 @@ class GPT(nn.Module):
 def trial(args: argparse.Namespace, batch: int) -> int | None:
     """One training step at `batch` per GPU: its peak allocated bytes, or None if this GPU ran out of memory."""
     device = torch.device("cuda", torch.cuda.current_device())
+    # the last trial's model may still be waiting for the garbage collector (FSDP2's modules hold
+    # reference cycles): free it now, or it counts against this trial, more or less by chance
+    gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     try:

@@ -99,6 +99,7 @@ def ensure(index: int, lt: bool) -> None:
         return
     memory = cuda_memory.device(index)
     backward = torch_internals.in_backward()
+    memory.note_outside("cublas", memory.model.cublas_memory)  # the library's own, at its first use
     cublas = cublas_size((memory.model.major, memory.model.minor))
     _take((index, backward, "blas"), memory, cublas)
     if lt:

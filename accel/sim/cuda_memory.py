@@ -13,8 +13,9 @@ raises `torch.OutOfMemoryError` with CUDA's message, before the host allocates a
 for it where the size is known in advance (factories, copies to the GPU, storage
 resizes), and just after the host kernel ran otherwise (its result is dropped at once).
 
-What a GPU spends outside these counters (the CUDA context, NCCL buffers) is outside
-them here too; the context is taken off the card's free memory. cuBLAS workspaces come
+What a GPU spends outside these counters is outside them here too, and taken off the card's
+free memory (`mem_get_info`, out-of-memory): the CUDA context, the kernels loaded at the first
+launch, cuBLAS's own memory and each NCCL communicator's, in the amounts a real H200 showed. cuBLAS workspaces come
 from the allocator on a GPU, and here (`accel.sim.cuda_blas`).
 """
 
@@ -160,6 +161,15 @@ class DeviceMemory:
         self.lock = threading.RLock()
         #: the block of each counted storage, by key
         self.blocks: dict[int, Block] = {}
+        #: memory the process holds on the card outside PyTorch's counters, by what holds it
+        self.outside: dict[object, int] = {"context": model.context_memory}
+        self.outside_bytes = model.context_memory
+
+    def note_outside(self, key: object, nbytes: int) -> None:
+        """Memory outside PyTorch's counters taken (once per `key`): kernels loaded, a library's, NCCL's."""
+        if key not in self.outside:
+            self.outside[key] = nbytes
+            self.outside_bytes += nbytes
 
     # -- counters --------------------------------------------------------------------------------
 
@@ -176,8 +186,8 @@ class DeviceMemory:
         return self.stats[("reserved_bytes", "all")].current
 
     def free_memory(self) -> int:
-        """What `cudaMemGetInfo` says is free: the card less the context and the reserved segments."""
-        return max(self.model.total_memory - self.model.context_memory - self.reserved, 0)
+        """What `cudaMemGetInfo` says is free: the card less what is outside PyTorch and the reserved segments."""
+        return max(self.model.total_memory - self.outside_bytes - self.reserved, 0)
 
     # -- allocation -------------------------------------------------------------------------------
 
@@ -270,6 +280,8 @@ class DeviceMemory:
         self.counters["num_device_alloc"] += 1
         self._count("reserved_bytes", small, alloc)
         self._count("segment", small, 1)
+        if "kernels" not in self.outside:  # the first allocation: its kernels are the first launched
+            self.note_outside("kernels", self.model.kernels_memory)
         return block
 
     def _fits(self, alloc: int) -> bool:
@@ -318,7 +330,7 @@ class DeviceMemory:
 
     def limit(self) -> int:
         """The most this process may reserve on the card: what the context leaves, or its allowed fraction."""
-        limit = self.model.total_memory - self.model.context_memory
+        limit = self.model.total_memory - self.outside_bytes
         if self.fraction < 1.0:
             limit = min(limit, int(self.model.total_memory * self.fraction))
         return limit
@@ -357,7 +369,7 @@ class DeviceMemory:
         return (
             f"CUDA out of memory. Tried to allocate {format_size(alloc)}. GPU {self.index} has a total capacity of "
             f"{format_size(total)} of which {format_size(self.free_memory())} is free. {allowed}Including "
-            f"non-PyTorch memory, this process has {format_size(self.reserved + self.model.context_memory)} memory "
+            f"non-PyTorch memory, this process has {format_size(self.reserved + self.outside_bytes)} memory "
             f"in use. Of the allocated memory {format_size(self.allocated)} is allocated by PyTorch, and "
             f"{format_size(self.reserved - self.allocated)} is reserved by PyTorch but unallocated. If reserved but "
             "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
@@ -513,7 +525,13 @@ def raise_pending() -> None:
     if _pending:
         error = _pending.pop()
         _pending.clear()
-        raise error
+        try:
+            raise error
+        finally:
+            # A local naming the error makes a cycle (error -> traceback -> this frame -> error) that
+            # keeps every frame of the backward, and the graph and activations they hold, alive until
+            # the garbage collector runs; a real GPU's error, raised in C++, frees them at once.
+            del error
 
 
 def reserve(index: int, nbytes: int) -> Block | None:
@@ -589,3 +607,13 @@ def follow(inner: torch.Tensor) -> None:
         return
     storage = inner.untyped_storage()
     resize(storage, storage.nbytes())
+
+
+def note_communicator(index: int, owner: object) -> None:
+    """An NCCL communicator was set up on GPU `index` for `owner` (a group): its memory, outside PyTorch's."""
+    if not _devices:
+        return
+    memory = _devices[index]
+    first, further = memory.model.nccl_memory
+    communicators = sum(1 for key in memory.outside if isinstance(key, tuple) and key[0] == "nccl")
+    memory.note_outside(("nccl", id(owner)), further if communicators else first)

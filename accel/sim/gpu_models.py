@@ -44,6 +44,12 @@ class GpuModel:
     #: memory the CUDA context and driver take on the card, outside PyTorch's counters
     #: (a few hundred MiB on a real card; it shows in `mem_get_info` and out-of-memory)
     context_memory: int = 512 * MiB
+    #: more memory outside PyTorch's counters as a process uses the GPU, read off a real H200
+    #: (torch 2.11, CUDA 13): the kernels loaded at the first launch, cuBLAS's own at the first
+    #: matrix product, and each NCCL communicator (the process's first, then each further one)
+    kernels_memory: int = 96468992
+    cublas_memory: int = 69206016
+    nccl_memory: tuple[int, int] = (585105408, 406847488)
 
     @property
     def capability(self) -> tuple[int, int]:
@@ -70,8 +76,8 @@ def _card(name: str, mib: float, cc: tuple[int, int], sms: int, l2_mib: float, s
 CARDS: dict[str, GpuModel] = {
     "H100": _card("NVIDIA H100 80GB HBM3", 81089, (9, 0), 132, 50, 228),
     "H100-PCIE": _card("NVIDIA H100 PCIe", 81080, (9, 0), 114, 50, 228),
-    # read off a real H200 (torch 2.11, driver 580): total_memory 150109880320 B, 60 MB of L2
-    "H200": _card("NVIDIA H200", 143155.9375, (9, 0), 132, 60, 228),
+    # read off a real H200 (torch 2.11, driver 580): total_memory 150109880320 B, 60 MB of L2, a 527 MiB context
+    "H200": dataclasses.replace(_card("NVIDIA H200", 143155.9375, (9, 0), 132, 60, 228), context_memory=552402944),
     "A100-80GB": _card("NVIDIA A100-SXM4-80GB", 81050, (8, 0), 108, 40, 164),
     "A100-40GB": _card("NVIDIA A100-SXM4-40GB", 40354, (8, 0), 108, 40, 164),
     "L40S": _card("NVIDIA L40S", 45458, (8, 9), 142, 96, 100),
@@ -140,8 +146,15 @@ def _custom(spec: str) -> GpuModel:
     sms = int(fields.get("sms", "80"))
     name = fields.get("name", f"Simulated GPU ({memory / GiB:.0f}GB, sm_{major}{minor})")
     card = _card(name, memory // MiB, (major, minor), sms, 40, 100 if (major, minor) >= (8, 6) else 164)
-    # a small custom card (a test's) keeps most of its memory for tensors
-    return dataclasses.replace(card, total_memory=memory, context_memory=min(card.context_memory, memory // 16))
+    # a small custom card (a test's) keeps most of its memory for tensors: a small context, nothing more
+    return dataclasses.replace(
+        card,
+        total_memory=memory,
+        context_memory=min(card.context_memory, memory // 16),
+        kernels_memory=0,
+        cublas_memory=0,
+        nccl_memory=(0, 0),
+    )
 
 
 def resolve(spec: str | GpuModel | None = None) -> GpuModel:

@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from accel.sim import cuda_shapes, cuda_state
+from accel.sim import cuda_memory, cuda_shapes, cuda_state
 from accel.sim.core import torch_internals
 from accel.sim.cuda_tensor import is_simulated_cuda, unwrap
 
@@ -478,6 +478,7 @@ class SimNcclGroup(PythonGroup):
         if self.gpu is None:
             self._check_distinct(index)
             self.gpu = index
+            cuda_memory.note_communicator(index, self)
         elif index != self.gpu:
             raise RuntimeError(
                 f"accel.sim: this rank's NCCL communicator is on cuda:{self.gpu}, and this collective's tensors are "
