@@ -370,6 +370,7 @@ def test_training_loop_as_torch_xla_docs_write_it(rank, world_size):
 def test_parallel_loader_and_sample_generator(rank, world_size):
     import torch_xla
     import torch_xla._sim_state as sim_state
+    import torch_xla.core.xla_model as xm
     import torch_xla.distributed.parallel_loader as pl
     import torch_xla.utils.utils as xu
 
@@ -392,6 +393,11 @@ def test_parallel_loader_and_sample_generator(rank, world_size):
     got = [batch.cpu().tolist() for batch in per_device]
     assert got == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0], [8.0, 9.0]]
     assert sim_state.steps - before == 7  # before each of the 6 next() calls, and once more at the end
+    # batches already on the device pass through as they are, and collectives take them
+    on_device = [{"x": torch.full((2,), float(rank + i), device=device)} for i in range(2)]
+    passed = list(pl.MpDeviceLoader(on_device, device))
+    assert [b["x"].device for b in passed] == [device, device]
+    assert xm.all_gather(passed[1]["x"]).cpu().tolist() == [float(r + 1) for r in range(world_size) for _ in range(2)]
     mp = pl.MpDeviceLoader(loader, device, batches_per_execution=5)
     before = sim_state.steps
     assert len(list(mp)) == 5 and sim_state.steps - before == 2  # one cut per 5 batches, one at the end

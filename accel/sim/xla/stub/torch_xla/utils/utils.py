@@ -3,7 +3,8 @@
 `SampleGenerator` (synthetic data in place of a `DataLoader`), `getenv_as`,
 `check_env_flag`, `DataWrapper`, and the nested-structure walkers that `xm.save` and the
 device loader use. As torch_xla's, `for_each_instance_rewrite` gives lists for tuples and
-plain dicts for mappings, and copies objects that have a `__dict__`.
+plain dicts for mappings, and copies objects that have a `__dict__` (tensors, which keep
+their host tensor there on the simulated device, are leaves).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import copy
 import os
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 
 class SampleGenerator:
@@ -64,6 +67,11 @@ def check_env_flag(name: str, default: str = "") -> bool:
     return flag == "true" or (flag.isdigit() and int(flag) > 0)
 
 
+def _is_leaf(value: Any) -> bool:
+    # Tensors (a device tensor may keep its host tensor in its __dict__) and classes are not walked into.
+    return isinstance(value, (torch.Tensor, type))
+
+
 def _for_each_instance(value: Any, select_fn: Callable[[Any], bool], fn: Callable[[Any], Any], seen: set[int]) -> None:
     if id(value) in seen:
         return
@@ -80,6 +88,8 @@ def _for_each_instance(value: Any, select_fn: Callable[[Any], bool], fn: Callabl
     elif isinstance(value, DataWrapper):
         for item in value.get_tensors():
             _for_each_instance(item, select_fn, fn, seen)
+    elif _is_leaf(value):
+        return
     elif hasattr(value, "__dict__"):
         for item in vars(value).values():
             _for_each_instance(item, select_fn, fn, seen)
@@ -116,7 +126,7 @@ def _rewrite(value: Any, select_fn: Callable[[Any], bool], fn: Callable[[Any], A
     elif isinstance(value, DataWrapper):
         result = value.from_tensors([_rewrite(item, select_fn, fn, done) for item in value.get_tensors()])
         done[id(value)] = result
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
+    elif hasattr(value, "__dict__") and not _is_leaf(value):
         result = copy.copy(value)
         done[id(value)] = result
         for key, item in list(vars(result).items()):
