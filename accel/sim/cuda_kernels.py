@@ -13,31 +13,17 @@ Installed once per simulated GPU rank, never elsewhere: the registrations are pr
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 
 from accel.sim import cuda_memory, cuda_shapes, cuda_state
 from accel.sim.core import torch_internals
+from accel.sim.core import wrapper as core_wrapper
 from accel.sim.cuda_tensor import SimCudaTensor, run_on, unwrap
 
 aten = torch.ops.aten
 
-#: factories that never target a GPU, or that torch.tensor / as_tensor replace in Python
-_NOT_FACTORIES = {
-    "_make_dep_token",
-    "_cudnn_init_dropout_state",
-    "from_file",
-    "_empty_affine_quantized",
-    "_sparse_coo_tensor_with_dims",
-    "sparse_coo_tensor",
-    "_sparse_compressed_tensor_with_dims",
-    "Generator",
-    "tensor",
-    "as_tensor",
-}
-_libraries: list[torch.library.Library] = []
 _CUDA_TYPES = ("cuda", cuda_state.HIDDEN_DEVICE)
 
 
@@ -91,32 +77,9 @@ def _on_meta(op: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     return meta
 
 
-def _copy_kernel(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    # Reached with the Python key excluded (torch.tensor's copy into a new tensor, C++ internals).
-    unwrap(self).copy_(unwrap(src), non_blocking)
-    return self
-
-
 def _register_kernels() -> None:
-    fallback = torch.library.Library("_", "IMPL")
-    fallback.fallback(factory_kernel, "CUDA")
-    fallback.fallback(factory_kernel, "PrivateUse1")
-    # A factory with a composite kernel (arange = empty + arange.out) would otherwise run
-    # that composite for the CUDA key and resize a wrapper's inner tensor behind its
-    # back: each gets a kernel of its own, which runs the whole factory on the CPU.
-    kernels = torch.library.Library("aten", "IMPL")
-    for name in torch_internals.factory_op_names():
-        base, _, overload = name.partition(".")
-        if base in _NOT_FACTORIES:
-            continue
-        op = getattr(getattr(aten, base, None), overload or "default", None)
-        if op is None:
-            continue
-        for key in ("CUDA", "PrivateUse1"):
-            kernels.impl(name, functools.partial(factory_kernel, op), key)
-    kernels.impl("copy_", _copy_kernel, "CUDA")
-    kernels.impl("copy_", _copy_kernel, "PrivateUse1")
-    _libraries.extend([fallback, kernels])
+    # The core's registration (every factory, and copy_, on both keys), with this module's kernel.
+    core_wrapper.register_factories(("CUDA", "PrivateUse1"), factory_kernel)
 
 
 # -- Python entry points ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -450,16 +450,16 @@ def _copy_kernel(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = Fal
     return self
 
 
-def register_factories(cls: type[WrapperTensor], keys: tuple[str, ...]) -> None:
-    """Give dispatch keys `keys` (the shown device's, "PrivateUse1") a kernel for every factory (once per process).
+def register_factories(keys: tuple[str, ...], kernel: Callable[..., Any]) -> None:
+    """Give dispatch keys `keys` (the shown device's, "PrivateUse1") `kernel(op, *args, **kwargs)` for every factory.
 
     A factory aimed at the shown device (`torch.zeros(..., device="xla")`, the empty tensor
     behind `.to("xla")`) is dispatched by torch to that device's key, where a CPU build has
     no kernel; factories with composite kernels get one of their own, so the composite
-    never resizes a wrapper's inner tensor behind its back.
+    never resizes a wrapper's inner tensor behind its back. Once per process: the
+    registrations are process-wide. (`factory_kernel` is the plain kernel, for a class.)
     """
     fallback = torch.library.Library("_", "IMPL")
-    kernel = functools.partial(factory_kernel, cls)
     for key in keys:
         fallback.fallback(kernel, key)
     kernels = torch.library.Library("aten", "IMPL")
@@ -471,7 +471,7 @@ def register_factories(cls: type[WrapperTensor], keys: tuple[str, ...]) -> None:
         if op is None:
             continue
         for key in keys:
-            kernels.impl(name, functools.partial(factory_kernel, cls, op), key)
+            kernels.impl(name, functools.partial(kernel, op), key)
     for key in keys:
         kernels.impl("copy_", _copy_kernel, key)
     _libraries.extend([fallback, kernels])

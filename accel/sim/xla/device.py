@@ -25,6 +25,7 @@ cannot be undone. As under PJRT, each process drives one device, which it sees a
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -299,7 +300,7 @@ def install() -> None:
     hidden.register(HIDDEN_DEVICE, hidden.HiddenDeviceModule(1, seed_all=None))
     SIM.attach()
     torch_internals.patch_accelerator(_no_accelerator())
-    wrapper.register_factories(XlaTensor, ("XLA", "PrivateUse1"))
+    wrapper.register_factories(("XLA", "PrivateUse1"), functools.partial(wrapper.factory_kernel, XlaTensor))
     AUTOCAST.install(XLA_AUTOCAST_POLICY)
     _originals.update(to=torch.Tensor.to, tensor=torch.tensor, as_tensor=torch.as_tensor)
     torch.Tensor.to = tensor_to  # type: ignore[method-assign,assignment]  # same signature
