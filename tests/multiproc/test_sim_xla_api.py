@@ -226,6 +226,10 @@ def test_xm_reduce_scatter_all_to_all_permute_broadcast(rank, world_size):
     tensors = [torch.full((3,), float(rank), device=device), torch.tensor([rank], device=device)]
     xm.collective_broadcast(tensors, root_ordinal=n - 1)
     assert tensors[0].cpu().tolist() == [n - 1.0] * 3 and tensors[1].cpu().tolist() == [n - 1]
+    # a receiving buffer from torch.empty may hold anything (NaN): the root's values arrive all the same
+    received = [torch.full((2,), 5.0 if rank == 0 else float("nan"), device=device)]
+    xm.collective_broadcast(received)
+    assert received[0].cpu().tolist() == [5.0, 5.0]
 
     with pytest.raises(NotImplementedError, match="xm.send .*collective_permute"):
         xm.send(value, channel_id=1)

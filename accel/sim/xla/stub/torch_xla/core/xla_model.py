@@ -443,11 +443,17 @@ def collective_permute(value: torch.Tensor, pairs: list[list[int]]) -> torch.Ten
 def collective_broadcast(
     tensors: list[torch.Tensor], root_ordinal: int = 0, groups: list[list[int]] | None = None, pin_layout: bool = True
 ) -> None:
-    """Overwrite `tensors` in place on every replica with those of `root_ordinal` (a multiply by 1 or 0, then a
-    sum over the replicas, as torch_xla does)."""
+    """Overwrite `tensors` in place on every replica with those of `root_ordinal` (the others' zeroed, then a sum
+    over the replicas, as torch_xla does).
+
+    torch_xla multiplies the others' tensors by 0; here they are zeroed, because a buffer from
+    `torch.empty` on the simulated device holds whatever the host memory held (NaN included),
+    where XLA's holds zeros.
+    """
     with torch.no_grad():
-        for tensor in tensors:
-            tensor.mul_(1 if runtime.global_ordinal() == root_ordinal else 0)
+        if runtime.global_ordinal() != root_ordinal:
+            for tensor in tensors:
+                tensor.zero_()
     all_reduce(REDUCE_SUM, tensors, groups=groups, pin_layout=pin_layout)
 
 
