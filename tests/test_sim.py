@@ -22,8 +22,8 @@ def describe_rank(offset):
     from accel.state import PartialState
 
     state = PartialState()
-    # on the rank's own GPU where it has one: NCCL (and the simulated one) refuses CPU tensors
-    device = state.device if state.device.type == "cuda" else "cpu"
+    # on the rank's own GPU or TPU core where it has one: NCCL and torch_xla's group refuse CPU tensors
+    device = state.device
     value = torch.tensor([float(state.process_index + offset)], device=device)
     dist.all_reduce(value)
     env = {name: os.environ[name] for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "ACCEL_BACKEND")}

@@ -41,7 +41,7 @@ def group_of_one():
     from accel.state import PartialState
 
     device = PartialState().device
-    value = torch.tensor([3.0], device=device if device.type == "cuda" else "cpu")  # NCCL takes GPU tensors only
+    value = torch.tensor([3.0], device=device)  # NCCL and torch_xla's group take their device's tensors only
     dist.all_reduce(value)
     return dist.is_initialized(), dist.get_world_size(), dist.get_rank(), value.item()
 

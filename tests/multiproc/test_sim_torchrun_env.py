@@ -44,7 +44,9 @@ def test_every_torchrun_variable_with_torchrun_values(rank, world_size):
     assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
     assert env["OMP_NUM_THREADS"]
     shared = [None] * world_size
-    dist.all_gather_object(shared, (env["TORCHELASTIC_RUN_ID"], env["MASTER_PORT"]))
+    # torch_xla's group carries XLA tensors only: object collectives take a Gloo group there, as on a TPU
+    group = dist.new_group(backend="gloo") if dist.get_backend() == "xla" else None
+    dist.all_gather_object(shared, (env["TORCHELASTIC_RUN_ID"], env["MASTER_PORT"]), group=group)
     assert all(item == shared[0] for item in shared), "one run id and one rendezvous port for all ranks"
 
 
@@ -79,6 +81,10 @@ def _local_device(device, rank):
     if device == "cuda":
         torch.cuda.set_device(rank)
         return torch.device("cuda", rank)
+    if device == "xla" and torch.distributed.get_backend() == "xla":
+        import torch_xla
+
+        return torch_xla.device()  # torch_xla's group takes XLA tensors only
     return torch.device("cpu")
 
 
