@@ -42,7 +42,11 @@ class XLABackend(Backend):
         return importlib.util.find_spec("torch_xla") is not None
 
     def device(self, local_rank: int) -> torch.device:
-        return _xm().xla_device()
+        # torch_xla 2.7+ spells it torch_xla.device() (xm.xla_device() warns that it is deprecated)
+        import torch_xla
+
+        device = getattr(torch_xla, "device", None)
+        return device() if callable(device) else _xm().xla_device()
 
     def launch_env(self) -> tuple[int, int, int, int]:
         if "WORLD_SIZE" in os.environ:
@@ -114,7 +118,13 @@ class XLABackend(Backend):
         return MpDeviceLoader(dataloader, device)
 
     def mark_step(self) -> None:
-        _xm().mark_step()
+        import torch_xla
+
+        sync = getattr(torch_xla, "sync", None)  # torch_xla 2.7+; xm.mark_step() warns there
+        if callable(sync):
+            sync()
+        else:
+            _xm().mark_step()
 
     def save(self, obj: Any, f: Any) -> None:
         _xm().save(obj, f)

@@ -141,3 +141,21 @@ def test_the_same_training_gives_the_same_fp32_losses_on_tpu_gpu_and_cpu(world_s
         # XLA replicas sum their gradients and then scale them (xm.optimizer_step), where DDP
         # divides before summing: over 4 replicas the last bit of a sum may differ
         assert losses == pytest.approx(cpu, rel=1e-6, abs=0)
+
+
+@distributed_test(world_size=SIZES, device="xla")
+def test_accel_speaks_todays_torch_xla_without_its_deprecation_warnings():
+    import warnings
+
+    from accel import Accelerator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # xm.xla_device() and xm.mark_step() warn so
+        accelerator = Accelerator()
+        model = torch.nn.Linear(2, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        accelerator.backward(model(torch.ones(1, 2, device=accelerator.device)).sum())
+        optimizer.step()
+        optimizer.zero_grad()
+    assert accelerator.device == torch.device("xla", 0)
