@@ -35,8 +35,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-#: Accelerate's file and folder names in a checkpoint of FSDP models and optimizers
-FSDP_MODEL_NAME = "pytorch_model_fsdp"
+from accel.utils.constants import FSDP_MODEL_NAME
+
+#: Accelerate's folder and file name of an optimizer's state in a checkpoint of FSDP models (with FSDP_MODEL_NAME)
 OPTIMIZER_NAME = "optimizer"
 
 FSDP1_REFUSED = (
@@ -72,12 +73,27 @@ def _class_named(model: nn.Module, name: str) -> type | None:
     return None
 
 
+def layer_classes_to_wrap(plugin: Any, model: nn.Module) -> list[type]:
+    """The classes of `model`'s modules named in the plugin's `transformer_cls_names_to_wrap` (default: the
+    model's `_no_split_modules`); `ValueError` for a name that no module has."""
+    names = plugin.transformer_cls_names_to_wrap
+    if names is None:
+        names = list(getattr(model, "_no_split_modules", None) or [])
+    classes = []
+    for name in names:
+        found = _class_named(model, name)
+        if found is None:
+            raise ValueError(f"Could not find the transformer layer class {name} in the model.")
+        classes.append(found)
+    return classes
+
+
 def auto_wrap_predicate(plugin: Any, model: nn.Module) -> Callable[[nn.Module], bool] | None:
     """Which submodules get their own `fully_shard` call, from the plugin's auto-wrap policy (None: only the root).
 
     Transformer-based wrapping picks the modules whose class is named in
     `transformer_cls_names_to_wrap` (default: the model's `_no_split_modules`); size-based
-    wrapping the modules with more than `min_num_params` parameters.
+    wrapping the modules with more than `min_num_params` parameters (none without a minimum).
     """
     from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
@@ -85,16 +101,7 @@ def auto_wrap_predicate(plugin: Any, model: nn.Module) -> Callable[[nn.Module], 
     if isinstance(policy, functools.partial):
         policy = policy.func
     if policy is transformer_auto_wrap_policy:
-        names = plugin.transformer_cls_names_to_wrap
-        if names is None:
-            names = list(getattr(model, "_no_split_modules", None) or [])
-        classes = []
-        for name in names:
-            found = _class_named(model, name)
-            if found is None:
-                raise ValueError(f"Could not find the transformer layer class {name} in the model.")
-            classes.append(found)
-        wanted = tuple(classes)
+        wanted = tuple(layer_classes_to_wrap(plugin, model))
 
         def by_class(module: nn.Module) -> bool:
             module = getattr(module, "_checkpoint_wrapped_module", module)
@@ -103,6 +110,8 @@ def auto_wrap_predicate(plugin: Any, model: nn.Module) -> Callable[[nn.Module], 
         return by_class
     if policy is size_based_auto_wrap_policy:
         threshold = plugin.min_num_params or 0
+        if threshold <= 0:
+            return None  # as Accelerate: a size-based policy without a minimum wraps nothing but the root
 
         def by_size(module: nn.Module) -> bool:
             return sum(p.numel() for p in module.parameters()) > threshold

@@ -331,12 +331,13 @@ class AcceleratorState(_Topology):
             fsdp_plugin = FullyShardedDataParallelPlugin()
         if fsdp_plugin is None:
             return
+        if precision != "no":
+            # as Accelerate: the run's precision becomes the plugin's policy (one it holds already is kept)
+            fsdp_plugin.set_mixed_precision(precision)
         if partial.hardware.supports_fsdp and partial.num_processes > 1:
             from accel.fsdp import check_version
 
             check_version(fsdp_plugin)
-            if precision != "no":
-                fsdp_plugin.set_mixed_precision(precision)
             self._shared_state["distributed_type"] = DistributedType.FSDP
         self._shared_state["fsdp_plugin"] = fsdp_plugin
 

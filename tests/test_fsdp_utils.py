@@ -1,6 +1,6 @@
 """merge_fsdp_weights and `accel merge-weights` in one process (on distributed checkpoints written by one
 process), and what the FSDP checkpoint helpers refuse. Their multi-rank behaviour:
-tests/multiproc/test_fsdp_utils.py."""
+tests/multiproc/test_fsdp_helpers_ranks.py."""
 
 import subprocess
 import sys

@@ -179,6 +179,8 @@ _EXPORTS = {
         "save_fsdp_optimizer",
         "load_fsdp_optimizer",
         "merge_fsdp_weights",
+        "enable_fsdp_ram_efficient_loading",
+        "disable_fsdp_ram_efficient_loading",
     ],
     "accel.utils.progress": ["tqdm"],
     "accel.utils.imports": IS_AVAILABLE,
@@ -324,6 +326,8 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
         save_fsdp_optimizer as save_fsdp_optimizer,
         load_fsdp_optimizer as load_fsdp_optimizer,
         merge_fsdp_weights as merge_fsdp_weights,
+        enable_fsdp_ram_efficient_loading as enable_fsdp_ram_efficient_loading,
+        disable_fsdp_ram_efficient_loading as disable_fsdp_ram_efficient_loading,
     )
     from accel.utils.progress import (
         tqdm as tqdm,

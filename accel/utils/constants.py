@@ -27,3 +27,13 @@ SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = (
     nn.ConvTranspose3d,
     nn.Linear,
 )
+
+#: the values of the FSDP plugin's fields and of `accel launch`'s FSDP flags, as Accelerate lists them
+FSDP_SHARDING_STRATEGY = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
+FSDP_AUTO_WRAP_POLICY = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
+FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
+FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
+#: the state dict types FSDP2 takes (LOCAL_STATE_DICT is FSDP1's)
+FSDP2_STATE_DICT_TYPE = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
+#: the folder / file name stem of an FSDP model's state in a checkpoint
+FSDP_MODEL_NAME = "pytorch_model_fsdp"

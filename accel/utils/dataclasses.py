@@ -6,9 +6,12 @@ import copy
 import dataclasses
 import datetime
 import enum
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+from accel.utils.constants import FSDP_AUTO_WRAP_POLICY, FSDP_BACKWARD_PREFETCH, FSDP_SHARDING_STRATEGY
 
 
 class _StrEnum(str, enum.Enum):
@@ -484,9 +487,28 @@ def _coerce(enum_cls: type[_StrEnum], value: Any, owner: str, field: str) -> Any
 
 
 _FSDP_ENV = "FSDP_"
-_FSDP_SHARDING = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
-_FSDP_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
-_FSDP_WRAP_POLICIES = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
+_logger = logging.getLogger(__name__)
+
+
+def _torch_enum(enum_cls: Any, value: Any, names: list[str]) -> Any:
+    """`value` as a member of torch's `enum_cls`: given as the member, by one of `names` (any case; the i-th name
+    is member number i + 1, as Accelerate numbers them) or by number (an int or a string of digits); None stays
+    None."""
+    if value is None or isinstance(value, enum_cls):
+        return value
+    numbers = {member.value: member for member in enum_cls}
+    if isinstance(value, str) and value.upper() in names:
+        value = names.index(value.upper()) + 1
+    number = int(value) if isinstance(value, int) or (isinstance(value, str) and value.isdigit()) else None
+    if number in numbers:
+        return numbers[number]
+    known = [name for i, name in enumerate(names) if i + 1 in numbers]
+    raise ValueError(f"{value!r} is not a {enum_cls.__name__}: use one of {known} (or their numbers {sorted(numbers)})")
+
+
+_FSDP_SHARDING = FSDP_SHARDING_STRATEGY
+_FSDP_PREFETCH = FSDP_BACKWARD_PREFETCH
+_FSDP_WRAP_POLICIES = FSDP_AUTO_WRAP_POLICY
 _FSDP_PRECISIONS = {"fp8": "bfloat16", "fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
 
@@ -553,6 +575,17 @@ class FullyShardedDataParallelPlugin:
             self.sharding_strategy = env.get(_FSDP_ENV + "SHARDING_STRATEGY", "FULL_SHARD")
         if self.reshard_after_forward is None and self.sharding_strategy is None:
             self.reshard_after_forward = env.get(_FSDP_ENV + "RESHARD_AFTER_FORWARD", "true" if two else "FULL_SHARD")
+        if not two:
+            # FSDP1's fields hold torch's enums, whether given by name, by number or as the enum
+            from torch.distributed.fsdp import ShardingStrategy
+
+            self.sharding_strategy = _torch_enum(ShardingStrategy, self.sharding_strategy, _FSDP_SHARDING)
+            if isinstance(self.reshard_after_forward, bool):
+                raise ValueError(
+                    f"reshard_after_forward={self.reshard_after_forward!r} is FSDP2's spelling; with fsdp_version=1 "
+                    "give a sharding strategy (a name such as 'FULL_SHARD' or torch's ShardingStrategy)"
+                )
+            self.reshard_after_forward = _torch_enum(ShardingStrategy, self.reshard_after_forward, _FSDP_SHARDING)
         if two:
             if isinstance(self.reshard_after_forward, str):
                 from accel.utils.environment import str_to_bool
@@ -573,12 +606,22 @@ class FullyShardedDataParallelPlugin:
             from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
             self.cpu_offload = CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy()
+        elif isinstance(self.cpu_offload, bool):
+            from torch.distributed.fsdp import CPUOffload
+
+            self.cpu_offload = CPUOffload(offload_params=self.cpu_offload)
         if self.backward_prefetch is None:
             self.backward_prefetch = env.get(_FSDP_ENV + "BACKWARD_PREFETCH")
         if isinstance(self.backward_prefetch, str) and self.backward_prefetch.upper() == "NO_PREFETCH":
             self.backward_prefetch = None
+        if self.backward_prefetch is not None:
+            from torch.distributed.fsdp import BackwardPrefetch
+
+            self.backward_prefetch = _torch_enum(BackwardPrefetch, self.backward_prefetch, _FSDP_PREFETCH)
         if two and self.backward_prefetch is not None:
-            self.backward_prefetch = None  # FSDP2 prefetches on its own (Accelerate drops it too, with a warning)
+            # FSDP2 prefetches on its own (Accelerate drops the field too, and warns in these words)
+            _logger.warning("backward_prefetch is not supported in FSDP2. Setting backward prefetch to None.")
+            self.backward_prefetch = None
         self.set_state_dict_type()
         if self.auto_wrap_policy is None:
             self.auto_wrap_policy = env.get(_FSDP_ENV + "AUTO_WRAP_POLICY", "NO_WRAP")
@@ -701,7 +744,30 @@ class FullyShardedDataParallelPlugin:
             self.mixed_precision_policy = Policy(**self.mixed_precision_policy)
 
     def set_auto_wrap_policy(self, model: Any) -> None:
-        """Check that the classes named in `transformer_cls_names_to_wrap` exist in `model` (Accelerate's hook)."""
-        from accel.fsdp import auto_wrap_predicate
+        """Turn the auto-wrap policy into torch's policy for `model`, as Accelerate does before sharding it.
 
-        auto_wrap_predicate(self, model)
+        Transformer-based: the classes named in `transformer_cls_names_to_wrap` (default: the model's
+        `_no_split_modules`; `ValueError` for a name no module of `model` has) are bound to torch's
+        `transformer_auto_wrap_policy`. Size-based: `min_num_params` is bound to torch's
+        `size_based_auto_wrap_policy`; with `min_num_params=0` nothing is wrapped (the policy becomes None).
+        """
+        import functools
+
+        from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
+        from accel.fsdp import layer_classes_to_wrap
+
+        policy = self.auto_wrap_policy
+        base = policy.func if isinstance(policy, functools.partial) else policy
+        if base is transformer_auto_wrap_policy:
+            if self.transformer_cls_names_to_wrap is None:
+                self.transformer_cls_names_to_wrap = list(getattr(model, "_no_split_modules", None) or [])
+            classes = set(layer_classes_to_wrap(self, model))
+            self.auto_wrap_policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
+        elif base is size_based_auto_wrap_policy:
+            if self.min_num_params:
+                self.auto_wrap_policy = functools.partial(
+                    size_based_auto_wrap_policy, min_num_params=self.min_num_params
+                )
+            else:
+                self.auto_wrap_policy = None

@@ -27,12 +27,27 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "disable_fsdp_ram_efficient_loading",
+    "enable_fsdp_ram_efficient_loading",
     "load_fsdp_model",
     "load_fsdp_optimizer",
     "merge_fsdp_weights",
     "save_fsdp_model",
     "save_fsdp_optimizer",
 ]
+
+
+def enable_fsdp_ram_efficient_loading() -> None:
+    """Ask for RAM-efficient loading of Transformers models under FSDP (`FSDP_CPU_RAM_EFFICIENT_LOADING`):
+    only rank 0 reads the weights, the others build empty models (Transformers reads the variable, and
+    `ACCELERATE_USE_FSDP`, which is set to true when unset)."""
+    os.environ.setdefault("ACCELERATE_USE_FSDP", "True")
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "True"
+
+
+def disable_fsdp_ram_efficient_loading() -> None:
+    """Turn RAM-efficient loading of Transformers models under FSDP off (`FSDP_CPU_RAM_EFFICIENT_LOADING`)."""
+    os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "False"
 
 
 def _strategy(fsdp_plugin: Any, adapter_only: bool, use_dcp: bool) -> Any:

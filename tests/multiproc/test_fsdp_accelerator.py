@@ -247,7 +247,7 @@ def test_what_fsdp2_refuses(rank):
     with pytest.raises(NotImplementedError, match="fsdp_version=2"):
         Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=1))
     reset_state()
-    # a model prepared without its optimizer is sharded (tests/multiproc/test_fsdp_utils.py); Accelerate refuses it
+    # a model prepared without its optimizer is sharded (test_fsdp_helpers_ranks.py); Accelerate refuses it
     from accel.fsdp import auto_wrap_predicate
 
     with pytest.raises(ValueError, match="Could not find the transformer layer class Nope"):

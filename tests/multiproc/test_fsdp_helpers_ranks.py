@@ -117,3 +117,19 @@ def test_an_optimizer_that_stepped_before_its_model_was_sharded_is_refused(rank)
     model = accelerator.prepare(model)
     with pytest.raises(ValueError, match="prepare the model and the optimizer before the first optimizer step"):
         accelerator.prepare(optimizer)
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+@pytest.mark.parametrize("minimum", [0, 60])
+def test_size_based_wrapping_needs_a_minimum(rank, world_size, minimum):
+    # as Accelerate: SIZE_BASED_WRAP without min_num_params shards the root alone; with one, the larger blocks
+    from torch.distributed.fsdp import FSDPModule
+
+    accelerator, model, optimizer = build(plugin(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=minimum))
+    assert isinstance(model, FSDPModule)
+    assert all(isinstance(b, FSDPModule) == bool(minimum) for b in model.blocks)  # 144 parameters a block
+    assert not isinstance(model.head, FSDPModule)  # 9 parameters
+    train(accelerator, model, optimizer, rank, world_size, steps=2)
+    state = accelerator.get_state_dict(model)
+    if rank == 0:
+        assert_close_to(state, reference(2, world_size))
