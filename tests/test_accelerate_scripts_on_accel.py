@@ -26,7 +26,7 @@ def pointed_at_accel(script: str, folder: Path, edits: dict[str, str] | None = N
     text = re.sub(r"\baccelerate\.test_utils(\.testing|\.training)?\b", "accel_test_utils", text)
     text = re.sub(r"\baccelerate\b", "accel", text)
     shutil.copy(HELPERS, folder / "accel_test_utils.py")
-    target = folder / f"{script}.py"
+    target = folder / f"{Path(script).name}.py"
     target.write_text(text)
     return target
 
@@ -98,3 +98,14 @@ def test_accelerates_notebook_script_passes_against_accel(tmp_path, device):
     assert result.returncode == 0, output[-5000:]
     assert "Test monitoring" in output
     assert f"Launching training on 2 {'GPU' if device == 'cuda' else 'CPU'} processes." in output
+
+
+def test_accelerates_pippy_script_is_refused_by_name(tmp_path):
+    """external_deps/test_pippy.py builds its models from configs (no download) and calls prepare_pippy: accel
+    does no pipeline parallelism, and says so by name on the rank that gets there first."""
+    program = pointed_at_accel("external_deps/test_pippy", tmp_path)
+    command = [sys.executable, "-m", "accel.commands.cli", "launch", "--simulate", "cuda", "--num_processes", "2"]
+    result = subprocess.run([*command, str(program)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-5000:]
+    assert "NotImplementedError: prepare_pippy (pipeline-parallel inference" in output
