@@ -21,9 +21,10 @@ import torch
 import torch.distributed as dist
 
 from accel.sim.core import torch_internals
+from accel.sim.core.carried import PythonGroup, given
 from accel.sim.core.torch_internals import gloo_all_gather_single, gloo_reduce_scatter_single
 from accel.sim.cuda_tensor import is_simulated_cuda
-from accel.sim.nccl_group import PythonGroup, SimNcclGroup
+from accel.sim.nccl_group import SimNcclGroup
 
 __all__ = ["BACKEND_NAME", "PythonGroup", "SimCudaGroup", "register"]
 
@@ -45,16 +46,12 @@ def _on_cpu(args: tuple, count: int) -> bool:
     return bool(tensors) and not any(is_simulated_cuda(t) for t in tensors)
 
 
-def _given(opts: Any) -> tuple[Any, ...]:
-    return () if opts is None else (opts,)
-
-
 def _pairwise(single: Callable[..., Any]) -> Callable[..., Any]:
     """The coalesced form of Gloo's collective `single` (which Gloo's Python binding lacks): one call per pair."""
 
     def run(gloo: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         for output, input in zip(outputs, inputs, strict=True):
-            single(gloo, output, input, *_given(opts)).wait()
+            single(gloo, output, input, *given(opts)).wait()
         return torch_internals.completed_work(outputs)
 
     return run

@@ -63,6 +63,8 @@ from torch.distributed import distributed_c10d
 
 from accel.sim import cuda_memory, cuda_shapes, cuda_state
 from accel.sim.core import torch_internals
+from accel.sim.core.carried import CarriedGroup, given
+from accel.sim.core.carried import PythonGroup as PythonGroup  # its former home
 from accel.sim.cuda_tensor import is_simulated_cuda, unwrap
 
 #: the name torch knows this backend by
@@ -235,11 +237,6 @@ def _flat(inner: torch.Tensor) -> torch.Tensor:
     return _movable(flat)
 
 
-def _given(opts: Any) -> tuple[Any, ...]:
-    # Gloo's methods have their own default options; pass ours only when we have some.
-    return () if opts is None else (opts,)
-
-
 # -- reductions: NCCL's, computed with Gloo's ---------------------------------------------------------
 
 
@@ -410,34 +407,8 @@ def _future(value: Any) -> torch.futures.Future:
 
 # -- the group ---------------------------------------------------------------------------------------
 
-#: the base class, typed loosely: torch's stubs declare its methods with overloads a
-#: Python process group does not need to repeat
-_ProcessGroup: Any = dist.ProcessGroup
 
-
-class PythonGroup(_ProcessGroup):
-    """Base of the simulator's process groups written in Python.
-
-    Such a group has no C++ backend to keep its name and description in (torch's getter
-    would raise "ProcessGroup name not set", e.g. for a subgroup): it keeps them itself.
-    """
-
-    def _set_group_name(self, name: str) -> None:
-        self._group_name = name
-
-    @property
-    def group_name(self) -> str:
-        return getattr(self, "_group_name", "")
-
-    def _set_group_desc(self, desc: str) -> None:
-        self._group_desc = desc
-
-    @property
-    def group_desc(self) -> str:
-        return getattr(self, "_group_desc", "")
-
-
-class SimNcclGroup(PythonGroup):
+class SimNcclGroup(CarriedGroup):
     """NCCL's behaviour over a Gloo backend (see the module docstring)."""
 
     #: torch's split_group and new_group ask the backend of a bound group whether it splits
@@ -446,10 +417,9 @@ class SimNcclGroup(PythonGroup):
     options = None
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
-        super().__init__(rank, size)
+        super().__init__(store, rank, size, timeout)
         self._store = store
         self._timeout = timeout
-        self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
         #: the simulated GPU of this rank's communicator, set at the group's first collective
         self.gpu: int | None = None
         #: peer -> the set-up of this rank's communicator with it (send/recv)
@@ -568,7 +538,7 @@ class SimNcclGroup(PythonGroup):
 
     def _on_gloo(self, method: str, tensors: tuple, result: Any, *rest: Any) -> Any:
         """Gloo's `method` on the inner tensors of `tensors` (then `rest`), after NCCL's device checks."""
-        args = rest[:-1] + _given(rest[-1]) if rest else ()
+        args = rest[:-1] + given(rest[-1]) if rest else ()
         return self._run(list(tensors), lambda: getattr(self._gloo, method)(*_unwrapped(tensors), *args).wait(), result)
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
@@ -603,7 +573,7 @@ class SimNcclGroup(PythonGroup):
         _check_dtype(tensor)
 
         def run() -> None:
-            self._gloo.broadcast([_flat(unwrap(tensor))], *_given(opts)).wait()
+            self._gloo.broadcast([_flat(unwrap(tensor))], *given(opts)).wait()
 
         return self._run([tensor], run, [tensor])
 
@@ -882,7 +852,7 @@ class SimNcclGroup(PythonGroup):
         ids = list(getattr(opts, "device_ids", None) or [])
         index = ids[0] if ids else self._guess_gpu()
         self._bind([torch.empty(0, device=torch.device("cuda", index))])
-        self._gloo.barrier(*_given(opts)).wait()
+        self._gloo.barrier(*given(opts)).wait()
         return torch_internals.completed_work([])
 
     # -- subgroups: what torch asks of a backend that splits -------------------------------------

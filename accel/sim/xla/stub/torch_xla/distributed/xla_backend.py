@@ -7,7 +7,8 @@ group, as torch_xla's is, with torch_xla's behaviour: it takes XLA tensors only 
 XLA tensor. Got: CPUFloatType"), refuses `ReduceOp.AVG` / `BXOR` / `PREMUL_SUM` as
 torch_xla does, `all_to_all_single` without split sizes only, and its `barrier` waits for
 nothing. Every collective hands the tensors' host copies (`accel.sim.xla.bridge.to_host`,
-which share their storage) to a `ProcessGroupGloo` of its own and writes results in place.
+which share their storage) to a `ProcessGroupGloo` of its own and writes results in place
+(the group's Gloo, its name keeping and its work objects: `accel.sim.core.carried`).
 
 `xm`'s collectives run over these groups too (`replica_group`, `sub_group`), through the
 public `torch.distributed` functions, so that the simulator's collective check and
@@ -32,6 +33,7 @@ _rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
 import torch_xla._sim_state as _state  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
+from accel.sim.core import carried  # noqa: E402
 from accel.sim.xla import bridge  # noqa: E402
 
 BACKEND_NAME = "xla"
@@ -72,12 +74,8 @@ def check_xla(tensors: Sequence[torch.Tensor]) -> None:
             )
 
 
-def _work(result: Any) -> Any:
-    # As torch_xla's ProcessGroupXla: a work object already completed, holding the result.
-    future: torch.futures.Future = torch.futures.Future()
-    future.set_result(result)
-    c10d_bindings: Any = torch._C._distributed_c10d  # (torch_xla calls the same private binding)
-    return c10d_bindings._create_work_from_future(future)
+# As torch_xla's ProcessGroupXla: a work object already completed, holding the result.
+_work = carried.completed_work
 
 
 def _reduce_op(op: Any) -> Any:
@@ -111,36 +109,16 @@ class _Host:
             self.shared.copy_(self.tensor)
 
 
-#: torch's stubs type the methods a Python group overrides with C++ overloads
-_ProcessGroup: Any = dist.ProcessGroup
-
-
-class ProcessGroupXla(_ProcessGroup):
+class ProcessGroupXla(carried.CarriedGroup):
     """torch_xla's "xla" process group, carried by a Gloo group of its own (module docstring)."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta) -> None:
-        super().__init__(rank, size)
+        super().__init__(store, rank, size, timeout)
         self.prefix_store = store
         self.timeout = timeout
-        self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
 
     def getBackendName(self) -> str:  # torch's name
         return BACKEND_NAME
-
-    # A Python group has no C++ backend to keep its name and description in.
-    def _set_group_name(self, name: str) -> None:
-        self._group_name = name
-
-    @property
-    def group_name(self) -> str:
-        return getattr(self, "_group_name", "")
-
-    def _set_group_desc(self, desc: str) -> None:
-        self._group_desc = desc
-
-    @property
-    def group_desc(self) -> str:
-        return getattr(self, "_group_desc", "")
 
     # -- host transport ----------------------------------------------------------------
 
