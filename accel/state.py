@@ -262,6 +262,24 @@ def split_inputs(inputs: Any, num_processes: int, process_index: int, apply_padd
     return type(inputs)(list(share) + [filler] * missing)
 
 
+#: AcceleratorState's names answered by the PartialState also after AcceleratorState._reset_state()
+_PROCESS_LEVEL = frozenset(
+    {
+        "use_distributed",
+        "fork_launched",
+        "is_last_process",
+        "is_main_process",
+        "is_local_main_process",
+        "wait_for_everyone",
+        "split_between_processes",
+        "main_process_first",
+        "local_main_process_first",
+        "print",
+        "destroy_process_group",
+    }
+)
+
+
 class AcceleratorState(_Topology):
     """`PartialState` plus what training needs (mixed precision); its attributes include all
     of `PartialState`'s.
@@ -354,6 +372,10 @@ class AcceleratorState(_Topology):
         # Only called for names not found on the instance: delegate to PartialState.
         if name.startswith("__"):
             raise AttributeError(name)
+        if "partial" not in self._shared_state and name in _PROCESS_LEVEL and PartialState._shared_state:
+            # As Accelerate: what concerns the processes only is answered by the PartialState, which outlives
+            # AcceleratorState._reset_state() (an Accelerator kept across it still says whether it is the main one).
+            return getattr(PartialState(), name)
         if "partial" not in self._shared_state:
             raise AttributeError(
                 # Accelerate's words, which its scripts check

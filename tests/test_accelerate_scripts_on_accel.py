@@ -109,3 +109,25 @@ def test_accelerates_pippy_script_is_refused_by_name(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-5000:]
     assert "NotImplementedError: prepare_pippy (pipeline-parallel inference" in output
+
+
+def test_accelerates_metrics_script_passes_against_accel_on_cpu_ranks(tmp_path):
+    """external_deps/test_metrics.py imports `datasets` and `evaluate` (not installed: no Hub here); with stand-ins
+    that refuse to download (tests/programs/run_without_hub.py) its CPU part runs: gather_for_metrics with and
+    without dispatching and splitting, a last batch kept, drop_last. Its MRPC part runs on GPUs only (the script
+    skips it on CPUs), and needs the Hub."""
+    program = pointed_at_accel("external_deps/test_metrics", tmp_path)
+    shutil.copy(HELPERS.parent / "run_without_hub.py", tmp_path / "run_without_hub.py")
+    command = [sys.executable, "-m", "accel.commands.cli", "launch", "--simulate", "cpu", "--num_processes", "2"]
+    env = dict(os.environ, ACCEL_USE_CPU="1")
+    result = subprocess.run(
+        [*command, str(tmp_path / "run_without_hub.py"), str(program)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=tmp_path,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    assert "**Test that `drop_last` is taken into account**" in output and "Traceback" not in output

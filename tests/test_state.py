@@ -195,3 +195,24 @@ def test_gradient_state_reports_distributed_type():
     assert GradientState().distributed_type is None
     PartialState()
     assert GradientState().distributed_type == DistributedType.NO
+
+
+def test_process_questions_are_answered_after_accelerator_state_reset():
+    # as Accelerate: AcceleratorState._reset_state() keeps the PartialState, which answers the process questions
+    # (Accelerate's external_deps/test_metrics.py asks an Accelerator kept across the reset)
+    from accel import Accelerator
+    from accel.state import AcceleratorState, reset_state
+
+    reset_state()
+    try:
+        accelerator = Accelerator()
+        AcceleratorState._reset_state()
+        assert accelerator.is_local_main_process and accelerator.is_main_process
+        assert accelerator.state.is_last_process and not accelerator.state.use_distributed
+        with pytest.raises(AttributeError, match="was not reinitialized"):
+            accelerator.state.device  # noqa: B018  (not a process question: refused as before)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        with pytest.raises(AttributeError, match="was not reinitialized"):
+            accelerator.state.is_main_process  # noqa: B018
+    finally:
+        reset_state()
