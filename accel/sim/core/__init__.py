@@ -4,6 +4,7 @@
 * `device_rules`: which devices an op accepts together; each device says what a mismatch raises.
 * `hidden`: the hidden PrivateUse1 device under a simulated device's tensors (one per process).
 * `wrapper`: the wrapper tensor (a device tensor to Python, a CPU tensor underneath) and its dispatch.
+* `carried`: what the simulated devices' process groups share to carry collectives over Gloo.
 
 A new kind of simulated device is a subpackage of `accel.sim` that describes its device
 (`wrapper.SimDevice`: its type, words and rules) and installs the hidden device once.
