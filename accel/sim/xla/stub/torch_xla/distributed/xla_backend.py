@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlparse
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, AllToAllOptions, BroadcastOptions
+from torch.distributed import AllreduceOptions, AllToAllOptions, BroadcastOptions
 
 # The module, not the function `torch.distributed.rendezvous` that shadows its name.
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")
@@ -134,7 +134,7 @@ class ProcessGroupXla(carried.CarriedGroup):
         """Every member's `tensor` (host copies, in group rank order)."""
         host = bridge.to_host(tensor).contiguous()
         parts = [torch.empty_like(host) for _ in range(self.size())]
-        self._gloo.allgather([parts], [host], AllgatherOptions()).wait()
+        self._gloo.allgather([parts], [host]).wait()
         return parts
 
     def _reduced_copy(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
