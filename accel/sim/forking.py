@@ -267,6 +267,12 @@ def fork_session_server(own_warning_filters: Sequence[tuple] = ()) -> bool:
     theirs.close()
     ours.settimeout(SERVER_TIMEOUT)
     _session, _session_owner, _server_plan = ServerClient(ours, pid), os.getpid(), plan
+    # A rank's stack ends in the frames this process had when it forked (pytest collecting):
+    # machinery, not the user's code, as the rank server's frames are.
+    frame: Any = sys._getframe()
+    while frame is not None:
+        stacks.hide_in_stacks(frame.f_code.co_filename)
+        frame = frame.f_back
     return True
 
 

@@ -399,14 +399,14 @@ def serve_session(conn: socket.socket, preload: list[str], fresh: dict[str, Any]
     (`accel.sim.forking.fork_session_server`): serve that session alone, then exit.
 
     The child leaves behind what the session's process had set up for itself (its
-    streams and descriptors, signal handlers, logging handlers, warning filters, import
-    hooks, torch's defaults), so that ranks forked from it start as they would from a
-    fresh server; it dies with the session (parent-death signal), and exits once the
+    standard streams, signal handlers, logging handlers, warning filters, import hooks,
+    torch's defaults), so that ranks forked from it start as they would from a fresh
+    server; it dies with the session (parent-death signal), and exits once the
     session's connection closed and its ranks are gone. Never returns.
     """
     code = 1
     try:
-        _leave_session_state(conn.fileno(), fresh)
+        _leave_session_state(fresh)
         for name in preload:
             importlib.import_module(name)
         server = Server(None, "", "session", 0.0, record_files=False)
@@ -421,7 +421,7 @@ def serve_session(conn: socket.socket, preload: list[str], fresh: dict[str, Any]
         os._exit(code)
 
 
-def _leave_session_state(keep_fd: int, fresh: dict[str, Any]) -> None:
+def _leave_session_state(fresh: dict[str, Any]) -> None:
     import faulthandler
     import logging
     import warnings
@@ -442,11 +442,10 @@ def _leave_session_state(keep_fd: int, fresh: dict[str, Any]) -> None:
     os.close(devnull)
     # The session's streams may be pytest's capture files: a rank prints to its own fds.
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
-    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
-        fd = int(name)
-        if fd > 2 and fd != keep_fd:
-            with contextlib.suppress(OSError):  # the listing's own descriptor, closed already
-                os.close(fd)
+    # Other descriptors stay open: objects of modules imported before the fork may hold them
+    # (closing them under their feet hung simulated NCCL groups). Whatever they are (pytest's
+    # saved stdout included), they close when the session's server and ranks exit, which is
+    # before the session does (`accel.sim.forking.end_session`), or with it.
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(logging.WARNING)
