@@ -464,9 +464,11 @@ def _leave_session_state(fresh: dict[str, Any]) -> None:
     # pytest's assertion rewriting hook: ranks rewrite the test modules themselves (harness.remote).
     sys.meta_path[:] = [finder for finder in sys.meta_path if not type(finder).__module__.startswith("_pytest")]
     torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_default_dtype(torch.float32)
-        torch.use_deterministic_algorithms(False)
+    if torch is not None:  # each only when changed: setting the deterministic flag costs a second
+        if torch.get_default_dtype() != torch.float32:
+            torch.set_default_dtype(torch.float32)
+        if torch.are_deterministic_algorithms_enabled():
+            torch.use_deterministic_algorithms(False)
         torch.set_grad_enabled(True)
 
 
