@@ -86,7 +86,9 @@ def test_the_merge_weights_command(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert torch.equal(torch.load(tmp_path / "out" / "pytorch_model.bin", weights_only=True)["w"], weights["w"])
-    result = subprocess.run([*command, str(tmp_path / "nowhere"), str(tmp_path)], capture_output=True, text=True)
+    result = subprocess.run(
+        [*command, str(tmp_path / "nowhere"), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0 and "couldn't find a valid metadata file" in result.stderr
     usage = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=60)
     assert "--remove_checkpoint_dir" in usage.stdout and "--unsafe_serialization" in usage.stdout
