@@ -59,6 +59,24 @@ _T4 = TypeVar("_T4")
 _T5 = TypeVar("_T5")
 
 
+#: Accelerate's engine arguments accel does not run -> what to do instead
+_ENGINES = {
+    "deepspeed_plugin": "DeepSpeed is an engine accel does not run; use Accelerate with DeepSpeed, or fsdp_plugin",
+    "deepspeed_plugins": "DeepSpeed is an engine accel does not run; use Accelerate with DeepSpeed, or fsdp_plugin",
+    "megatron_lm_plugin": "Megatron-LM is an engine accel does not run; use Accelerate with Megatron-LM",
+    "torch_tp_plugin": "tensor parallelism through Accelerator is not offered; apply torch's parallelize_module",
+    "parallelism_config": "ParallelismConfig (TP/CP/HSDP meshes) is not offered; use fsdp_plugin or a DeviceMesh",
+    "dynamo_backend": "torch.compile through Accelerator is not offered; call torch.compile on the model yourself",
+    "dynamo_plugin": "torch.compile through Accelerator is not offered; call torch.compile on the model yourself",
+}
+
+
+def _refuse_engines(**given: Any) -> None:
+    for name, value in given.items():
+        if value is not None and not (name.startswith("dynamo") and str(value).lower() in ("no", "none")):
+            raise NotImplementedError(f"Accelerator({name}=...): {_ENGINES[name]}.")
+
+
 class Accelerator:
     """Prepare models, optimizers, schedulers and data loaders for the current hardware.
 
@@ -114,7 +132,23 @@ class Accelerator:
         even_batches: bool = _UNSET,
         use_seedable_sampler: bool = _UNSET,
         fsdp_plugin: Any = None,
+        deepspeed_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: Any = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
     ) -> None:
+        _refuse_engines(
+            deepspeed_plugin=deepspeed_plugin,
+            megatron_lm_plugin=megatron_lm_plugin,
+            torch_tp_plugin=torch_tp_plugin,
+            dynamo_backend=dynamo_backend,
+            dynamo_plugin=dynamo_plugin,
+            deepspeed_plugins=deepspeed_plugins,
+            parallelism_config=parallelism_config,
+        )
         self._set_handlers(kwargs_handlers)
         self.dataloader_config = _merge_dataloader_config(
             dataloader_config,

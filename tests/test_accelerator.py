@@ -599,3 +599,15 @@ def test_fp8_engine_choice_is_checked():
 
     with pytest.raises(ValueError, match="'MSAMP' is not supported"):
         find_fp8_engine("MSAMP")
+
+
+@pytest.mark.parametrize(
+    "name", ["deepspeed_plugin", "megatron_lm_plugin", "torch_tp_plugin", "parallelism_config", "dynamo_backend"]
+)
+def test_engines_accel_does_not_run_are_refused_by_name(name):
+    with pytest.raises(NotImplementedError, match=rf"Accelerator\({name}=\.\.\.\): "):
+        Accelerator(**{name: object()})
+
+
+def test_engine_arguments_left_at_none_or_no_are_accepted():
+    Accelerator(deepspeed_plugin=None, dynamo_backend="no", torch_tp_plugin=None)
