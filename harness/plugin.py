@@ -37,6 +37,8 @@ _FORKED_KEY = pytest.StashKey[bool]()
 
 # What torch's import starts is known, so that the session may fork itself once it imported torch.
 forking.watch_torch_import()
+#: sessions configured in this process now (more than one: pytester runs one inside a test)
+_sessions = [0]
 #: rank modules the fork server should import once rather than every rank
 _RANK_PRELOAD = ("harness.remote", "_pytest.assertion.rewrite")
 
@@ -61,6 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "multi_gpu: needs at least two real CUDA GPUs (skipped otherwise)")
     config.addinivalue_line("markers", "tpu: needs a real TPU through torch_xla (skipped without one)")
     forking.add_preload(*_RANK_PRELOAD)
+    _sessions[0] += 1
     # Ranks come from a rank server shared with the next sessions and the -n N workers
     # (accel.sim.server); ACCEL_SIM_SERVER=0 gives each session its own fork server.
     config.stash[_SERVER_MODE_KEY] = forking.use_server(forking.server_wanted())
@@ -71,6 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    _sessions[0] -= 1
     manager = config.stash.get(MANAGER_KEY, None)
     if manager is not None:
         manager.close()
@@ -147,13 +151,17 @@ def pytest_pycollect_makemodule(module_path: Any, parent: Any) -> None:
 
 
 def _self_fork_awaits_torch() -> bool:
-    if forking.session_server_pid() is not None or (forking._use_server and forking.server_running()):
+    if _sessions[0] > 1 or forking.session_server_pid() is not None:
+        return False
+    if forking._use_server and forking.server_running():
         return False
     return forking.self_fork_refusal() == forking.NO_TORCH_YET
 
 
 def _fork_self(config: pytest.Config) -> None:
     """Ranks from a fork of this process when no rank server runs and forking is safe."""
+    if _sessions[0] > 1:  # a session run inside another's test (pytester, in-process): not forked mid-test
+        return
     if forking.session_server_pid() is not None or (forking._use_server and forking.server_running()):
         return
     if forking.fork_session_server(_pytest_warning_filters(config)):
