@@ -135,8 +135,11 @@ def test_size_based_wrapping_without_a_minimum_wraps_nothing():
 def test_ram_efficient_loading_switches(monkeypatch):
     from accel.utils import disable_fsdp_ram_efficient_loading, enable_fsdp_ram_efficient_loading
 
-    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
-    monkeypatch.delenv("FSDP_CPU_RAM_EFFICIENT_LOADING", raising=False)
+    for name in ("ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING"):
+        # set first so that monkeypatch records them and takes back what the switches set: left in this
+        # process's environment, they made later `accel launch` runs of Accelerate's scripts use FSDP
+        monkeypatch.setenv(name, "unset")
+        monkeypatch.delenv(name)
     enable_fsdp_ram_efficient_loading()
     import os
 

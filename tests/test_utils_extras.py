@@ -653,6 +653,8 @@ def test_fsdp_plugin_fields_equal_accelerates(monkeypatch):
 
     from accel.utils import FullyShardedDataParallelPlugin
 
+    # recorded, so that what the plugins set there does not outlive the test
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "unset")
     for name in list(os.environ):
         if name.startswith("FSDP_"):
             monkeypatch.delenv(name)
