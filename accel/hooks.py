@@ -160,7 +160,7 @@ class WarnOnMove:
 
         moving = True
         if getattr(self.move, "__name__", "") == "to":
-            from accel.sim.torch_internals import parse_to  # the one home of private torch APIs
+            from accel.sim.core.torch_internals import parse_to  # the one home of private torch APIs
 
             moving = parse_to(*args, **kwargs)[0] is not None
         if moving:

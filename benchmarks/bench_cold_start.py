@@ -8,7 +8,7 @@ ratio of the medians (the goal: at most 0.5 s more than the plain session). The
 distributed session pays for whatever starts the ranks (a rank server, its torch import,
 the first pool) and for closing them.
 
-A rank server outlives a session (`accel.sim.server`), so the edit-test loop finds one
+A rank server outlives a session (`accel.sim.runtime.server`), so the edit-test loop finds one
 running: the rounds measure that. `--no-server` measures sessions that each start their
 own ranks from nothing (ACCEL_SIM_SERVER=0, as under CI); `--first` also measures the very
 first session, which finds no server (each such round stops it first): its ranks come from
@@ -107,7 +107,7 @@ def session(path: str, env: dict[str, str]) -> tuple[float, float]:
 
 def stop_servers(env: dict[str, str]) -> None:
     """Stop the rank servers this benchmark's sessions would use (the next one starts afresh)."""
-    subprocess.run([sys.executable, "-m", "accel.sim.server", "stop"], env=env, check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "accel.sim.runtime.server", "stop"], env=env, check=True, capture_output=True)
     # A server still importing torch (started as the last session ended) stops once it serves.
     folder = os.path.join(env["TMPDIR"], f"accel-sim-{os.getuid()}")
     deadline = time.monotonic() + 120

@@ -27,7 +27,7 @@ import statistics
 import time
 
 from accel.sim import DistributedFailure
-from accel.sim.manager import new_manager
+from accel.sim.runtime.manager import new_manager
 
 
 def reduce_loop(count: int) -> float:
@@ -75,7 +75,7 @@ def main() -> None:
     configs = {"off": (plain, False), "on": (plain, True), "torch": (detail, False)}
 
     def run(name: str, fn, fn_args=(), timeout: float = 120) -> list:
-        from accel.sim import launcher, serialize
+        from accel.sim.runtime import launcher, serialize
 
         manager, check = configs[name]
         payload = serialize.dumps_call(fn, fn_args, {})

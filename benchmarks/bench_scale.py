@@ -15,9 +15,9 @@ import os
 import statistics
 import time
 
-from accel.sim import forking, serialize
-from accel.sim.launcher import raise_for_failures, run_payload
-from accel.sim.manager import new_manager
+from accel.sim.runtime import forking, serialize
+from accel.sim.runtime.launcher import raise_for_failures, run_payload
+from accel.sim.runtime.manager import new_manager
 
 
 def one_all_reduce(world_size: int) -> None:

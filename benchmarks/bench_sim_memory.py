@@ -25,7 +25,8 @@ def side_by_side(width: int, layers: int, batch: int, steps: int, rounds: int) -
     import torch
     import torch.distributed as dist
 
-    from accel.sim import cuda_memory, cuda_properties
+    from accel.sim.cuda import memory as cuda_memory
+    from accel.sim.cuda import properties as cuda_properties
 
     torch.set_num_threads(1)
     local_rank = int(os.environ["LOCAL_RANK"])

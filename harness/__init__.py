@@ -13,7 +13,7 @@
   test's ranks start while pytest still collects. A session's ranks end with it; the
   server stops after 15 idle minutes (`ACCEL_SIM_SERVER_IDLE` seconds), never serves a
   project whose files changed, and `ACCEL_SIM_SERVER=0` (the default when `CI` is set)
-  gives each session its own fork server instead (`python -m accel.sim.server stop` stops
+  gives each session its own fork server instead (`python -m accel.sim.runtime.server stop` stops
   this user's servers).
 - Arguments: `rank`, `local_rank`, `world_size`, `device`, `tmp_path` (one directory
   shared by all ranks) and `pytest.mark.parametrize` values; lists of `world_size` /
@@ -27,7 +27,7 @@
   complete fail within a second as a deadlock; a dead rank's last stderr lines are in
   the report; `world_size=1` has a process group of size 1.
 - `faults=[...]` injects faults (`accel.sim.Fault` or specs such as
-  "kill:rank=1:collective=3"; see `accel.sim.faults`).
+  "kill:rank=1:collective=3"; see `accel.sim.diagnoses.faults`).
 - Works under `pytest -n N`, `coverage run -m pytest`, pytest-cov and hypothesis
   (every rank draws the same examples).
 - Markers `gpu`, `multi_gpu`, `tpu` skip without that hardware; `--real-devices` runs

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from accel.sim.launcher import GpuOptions
+    from accel.sim.runtime.launcher import GpuOptions
 
 #: fixtures whose value differs per rank: filled in inside each rank
 RANK_FIXTURES = ("rank", "local_rank")
@@ -39,7 +39,7 @@ class DistributedSpec:
     isolated: bool
     #: check collectives across ranks (None: the ACCEL_SIM_CHECK_COLLECTIVES knob, default on)
     check_collectives: bool | None = None
-    #: faults to inject (`accel.sim.faults.Fault`)
+    #: faults to inject (`accel.sim.diagnoses.faults.Fault`)
     faults: tuple[Any, ...] = ()
 
 
@@ -79,15 +79,15 @@ def distributed_test(
     collectives that can never complete (peers returned, or wait in another group's
     collective) fail it within a second.
     `faults` injects failures: `accel.sim.Fault` objects or spec strings such as
-    ``"kill:rank=1:collective=3"`` (`accel.sim.faults.parse_fault`).
+    ``"kill:rank=1:collective=3"`` (`accel.sim.diagnoses.faults.parse_fault`).
     `gpu` names the card of the simulated GPUs (``device="cuda"``): "H100", "L4", ... or
-    "memory=24GiB,capability=8.9" (`accel.sim.gpu_models`); default ``ACCEL_SIM_GPU``, else an H100.
+    "memory=24GiB,capability=8.9" (`accel.sim.cuda.gpu_models`); default ``ACCEL_SIM_GPU``, else an H100.
     `report_memory=True`: each rank prints its GPUs' peak memory after the body (shown with
     the test's output: ``pytest -rP`` or ``-s``). `shapes_only=True`: the simulated GPUs hold
-    shapes, not data (`accel.sim.cuda_shapes`): memory and out-of-memory without the compute.
+    shapes, not data (`accel.sim.cuda.shapes`): memory and out-of-memory without the compute.
     """
-    from accel.sim.faults import as_faults
-    from accel.sim.launcher import GpuOptions, check_gpu
+    from accel.sim.diagnoses.faults import as_faults
+    from accel.sim.runtime.launcher import GpuOptions, check_gpu
 
     injected = as_faults(list(faults))
     if check_collectives is not None and not isinstance(check_collectives, bool):
@@ -173,7 +173,7 @@ def distributed_test(
 
 def _on_gpu(body: Callable[..., Any], options: GpuOptions) -> Callable[..., Any]:
     """`body`, run on simulated GPUs as `options` say (the card, a peak report, shapes only)."""
-    from accel.sim.launcher import on_gpu
+    from accel.sim.runtime.launcher import on_gpu
 
     @functools.wraps(body)
     def run_on_gpu(*args: Any, **kwargs: Any) -> Any:

@@ -2,7 +2,7 @@
 
 - Runs `@distributed_test` bodies on warm simulated ranks (one pool manager per
   session, closed at its end, so no rank outlives the session) and reports each failed
-  rank with its own traceback. Ranks come from the rank server (`accel.sim.server`),
+  rank with its own traceback. Ranks come from the rank server (`accel.sim.runtime.server`),
   which outlives the session for the next one; the first distributed test's ranks start
   as soon as pytest meets a module that declares one.
 - Fixtures `rank`, `local_rank`, `world_size`, `device` for distributed tests; other
@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from accel.sim import forking, stacks
-from accel.sim.manager import PoolManager, new_manager
+from accel.sim.diagnoses import stacks
+from accel.sim.runtime import forking
+from accel.sim.runtime.manager import PoolManager, new_manager
 from harness import remote, runner
 from harness.decorator import DistributedSpec, spec_of
 
@@ -32,7 +33,7 @@ _SERVER_MODE_KEY = pytest.StashKey[bool]()
 _PRESTARTED_KEY = pytest.StashKey[bool]()
 #: (module path, world size, device) of the first pool, started once that module is imported
 _DEFERRED_KEY = pytest.StashKey[tuple[str, int, str]]()
-#: whether this session forked its own rank server (`accel.sim.forking.fork_session_server`)
+#: whether this session forked its own rank server (`accel.sim.runtime.forking.fork_session_server`)
 _FORKED_KEY = pytest.StashKey[bool]()
 
 # What torch's import starts is known, so that the session may fork itself once it imported torch.
@@ -65,7 +66,7 @@ def pytest_configure(config: pytest.Config) -> None:
     forking.add_preload(*_RANK_PRELOAD)
     _sessions[0] += 1
     # Ranks come from a rank server shared with the next sessions and the -n N workers
-    # (accel.sim.server); ACCEL_SIM_SERVER=0 gives each session its own fork server.
+    # (accel.sim.runtime.server); ACCEL_SIM_SERVER=0 gives each session its own fork server.
     config.stash[_SERVER_MODE_KEY] = forking.use_server(forking.server_wanted())
     stacks.hide_in_stacks(remote.__file__)
     # Ranks start from the session's environment, not from whatever a fixture of the

@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Any
 
-from accel.sim import serialize
+from accel.sim.runtime import serialize
 
 #: module name -> (path, mtime, size) of the file it was last imported from, here
 _imported: dict[str, tuple[str, int, int]] = {}
@@ -48,7 +48,7 @@ class TestCall:
 
 def run_test(call: TestCall) -> None:
     """Run the body of `call` in this rank (any exception, skip included, propagates)."""
-    from accel.sim.worker import hide_frames_of
+    from accel.sim.runtime.worker import hide_frames_of
 
     hide_frames_of(__file__)
     module = load_module(call.module, call.path)

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from accel.sim import launcher, serialize
-from accel.sim.failures import DistributedFailure
-from accel.sim.manager import PoolManager
-from accel.sim.messages import Status
-from accel.sim.pool import RankOutcome
+from accel.sim.diagnoses.failures import DistributedFailure
+from accel.sim.runtime import launcher, serialize
+from accel.sim.runtime.manager import PoolManager
+from accel.sim.runtime.messages import Status
+from accel.sim.runtime.pool import RankOutcome
 from harness import remote
 from harness.decorator import ALLOWED_FIXTURES, RANK_FIXTURES, DistributedSpec
 

@@ -8,10 +8,10 @@ from support import process_gone
 
 
 def is_rank_server(pid: int) -> bool:
-    """Whether `pid` is a rank server (`accel.sim.server`), which outlives sessions by design."""
+    """Whether `pid` is a rank server (`accel.sim.runtime.server`), which outlives sessions by design."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return b"accel.sim.server" in handle.read()
+            return b"accel.sim.runtime.server" in handle.read()
     except OSError:
         return False
 

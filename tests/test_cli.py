@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from accel.commands import cli, launch, launch_args, simulate
-from accel.sim import output
 from accel.sim.devices import DEVICES
+from accel.sim.runtime import output
 
 ACCEL = str(Path(sys.executable).with_name("accel"))
 

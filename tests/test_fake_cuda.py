@@ -10,9 +10,10 @@ import sys
 import pytest
 import torch
 
-from accel.sim import fake_cuda, launch
-from accel.sim.cleanslate import SEED
-from accel.sim.fake_cuda import DEFAULT_CUDA_SEED
+from accel.sim import launch
+from accel.sim.cuda import fake as fake_cuda
+from accel.sim.cuda.fake import DEFAULT_CUDA_SEED
+from accel.sim.runtime.cleanslate import SEED
 from harness import distributed_test
 
 SIZES = [2, 4]
@@ -23,14 +24,14 @@ def test_importing_accel_leaves_torch_untouched():
     code = """
 import torch
 real = (torch.cuda.is_available, torch.Tensor.to, torch.tensor, torch.cuda.manual_seed)
-import accel, accel.sim, accel.sim.fake_cuda, accel.sim.devices, accel.sim.cuda_tensor, accel.sim.cuda_kernels
-import accel.sim.cuda_autocast, accel.sim.cuda_checkpoint, accel.sim.cuda_group, accel.sim.core.torch_internals
+import accel, accel.sim, accel.sim.cuda.fake, accel.sim.devices, accel.sim.cuda.tensor, accel.sim.cuda.kernels
+import accel.sim.cuda.autocast, accel.sim.cuda.checkpoint, accel.sim.cuda.group, accel.sim.core.torch_internals
 from accel import Accelerator
 now = (torch.cuda.is_available, torch.Tensor.to, torch.tensor, torch.cuda.manual_seed)
 assert now == real, now
 assert "to" not in torch.Tensor.__dict__ and not torch.cuda.is_available()
 assert torch._C._get_privateuse1_backend_name() == "privateuseone"
-assert not accel.sim.fake_cuda.is_installed() and not accel.sim.fake_cuda.SimCUDABackend.is_available()
+assert not accel.sim.cuda.fake.is_installed() and not accel.sim.cuda.fake.SimCUDABackend.is_available()
 print("untouched")
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -88,7 +89,7 @@ def test_rng_functions_are_per_simulated_gpu(rank, world_size):
 
 @distributed_test(world_size=SIZES, device="cuda")
 def test_what_cannot_be_simulated_fails_naming_it():
-    from accel.sim.fake_cuda import SimulatedDeviceError
+    from accel.sim.cuda.fake import SimulatedDeviceError
 
     for attempt, what in [
         (torch.cuda.utilization, "utilization"),

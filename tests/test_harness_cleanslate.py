@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from accel.sim.cleanslate import CleanSlate
+from accel.sim.runtime.cleanslate import CleanSlate
 
 
 def test_reset_puts_the_state_back_and_enter_takes_the_tasks_paths(tmp_path, monkeypatch):

@@ -218,7 +218,7 @@ def test_decorator_refuses_bad_faults_and_check_values():
         distributed_test(check_collectives="yes")
 
 
-# -- the collective check's exchange (accel.sim.collectives) -----------------------------------
+# -- the collective check's exchange (accel.sim.diagnoses.collectives) -----------------------------------
 
 
 def checked_collectives_and_store_keys(long_signatures):
@@ -227,7 +227,7 @@ def checked_collectives_and_store_keys(long_signatures):
     import torch
     import torch.distributed as dist
 
-    from accel.sim import collectives
+    from accel.sim.diagnoses import collectives
 
     watch = collectives._watch
     before = watch._store().num_keys()
@@ -282,7 +282,7 @@ def _line_here(text):
 def test_the_exchange_hands_each_peer_the_signature_it_waits_for(tmp_path):
     import threading
 
-    from accel.sim.collectives import _SYS_FUTEX, _Exchange
+    from accel.sim.diagnoses.collectives import _SYS_FUTEX, _Exchange
 
     if _SYS_FUTEX is None:
         pytest.skip("no futex on this machine: the check goes through the store")

@@ -1,4 +1,4 @@
-"""The rank server (`accel.sim.server`): shared by sessions and by `-n N` workers, keyed, never
+"""The rank server (`accel.sim.runtime.server`): shared by sessions and by `-n N` workers, keyed, never
 serving a changed project, stopped when idle, leaving nothing of a session running; and the
 harness starting the first distributed test's ranks while pytest still collects."""
 
@@ -17,7 +17,7 @@ import pytest
 from harness_support import assert_nothing_left_running, children, is_rank_server
 from support import process_gone
 
-from accel.sim import forking, server
+from accel.sim.runtime import forking, server
 from harness.plugin import first_distributed_config
 
 pytest_plugins = ["pytester"]
@@ -120,7 +120,7 @@ def test_an_idle_server_stops(preloaded_module, monkeypatch):
 
 
 def test_a_client_gone_takes_its_ranks_with_it(preloaded_module, own_servers, tmp_path, monkeypatch):
-    from accel.sim.pool import RankPool
+    from accel.sim.runtime.pool import RankPool
 
     monkeypatch.setattr(forking, "_session", None)  # not from this session's own server, if it has one
 
@@ -297,7 +297,7 @@ def _assert_forked_from_the_session(states):
         assert state["root_handlers"] == [] and state["root_level"] == logging.WARNING
         assert not any(module.startswith("_pytest") for module in state["finders"])
         assert state["showwarning"] == "warnings" and not state["always_deprecation"]
-        assert state["showwarnmsg"] in ("warnings", "accel.sim.server")
+        assert state["showwarnmsg"] in ("warnings", "accel.sim.runtime.server")
 
 
 def test_the_first_session_forks_its_ranks_from_itself_and_leaves_the_server_for_the_next(
@@ -342,7 +342,7 @@ def test_a_session_running_threads_does_not_fork_itself(pytester, monkeypatch, s
     pytester.makeconftest(
         """
         import pathlib, threading
-        from accel.sim import forking
+        from accel.sim.runtime import forking
 
         _stop = threading.Event()
         threading.Thread(target=_stop.wait, daemon=True).start()

@@ -4,8 +4,8 @@ import io
 
 import pytest
 
-from accel.sim import output
-from accel.sim.output import OutputRelay, OutputSettings
+from accel.sim.runtime import output
+from accel.sim.runtime.output import OutputRelay, OutputSettings
 
 
 def relay(world_size=2, ranks=None, prefix=True):

@@ -228,7 +228,7 @@ def test_simulated_devices(device, expected):
 
 def test_launcher_knows_the_simulated_devices():
     devices = pytest.importorskip("accel.sim.devices")
-    from accel.sim.launcher import DEVICES
+    from accel.sim.runtime.launcher import DEVICES
 
     assert tuple(devices.DEVICES) == DEVICES
 
@@ -437,9 +437,9 @@ def test_concurrent_launches_do_not_collide():
 
 
 def test_least_recently_used_pools_are_closed_beyond_the_warm_budget():
-    from accel.sim import serialize
-    from accel.sim.launcher import run_payload
-    from accel.sim.manager import new_manager
+    from accel.sim.runtime import serialize
+    from accel.sim.runtime.launcher import run_payload
+    from accel.sim.runtime.manager import new_manager
 
     manager = new_manager(max_warm_ranks=4)
     payload = serialize.dumps_call(get_pid, (), {})

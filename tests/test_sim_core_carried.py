@@ -5,8 +5,9 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from accel.sim import cuda_group, nccl_group
 from accel.sim.core import carried
+from accel.sim.cuda import group as cuda_group
+from accel.sim.cuda import nccl_group
 
 
 def test_given_passes_options_only_when_there_are_some():

@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from accel.sim import fake_cuda
 from accel.sim.core import torch_internals
+from accel.sim.cuda import fake as fake_cuda
 from harness import distributed_test
 
 
@@ -64,7 +64,8 @@ def test_an_unsupported_torch_fails_at_start_naming_the_supported_versions(monke
 def test_each_internal_does_its_job_in_a_rank(rank, tmp_path):
     import io
 
-    from accel.sim import cuda_state, cuda_tensor
+    from accel.sim.cuda import state as cuda_state
+    from accel.sim.cuda import tensor as cuda_tensor
 
     checks = {}
     checks["register_python_backend"] = torch_internals.privateuse1_name() == cuda_state.HIDDEN_DEVICE

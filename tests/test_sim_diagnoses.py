@@ -26,8 +26,8 @@ from accel.sim import (
     launch,
     parse_fault,
 )
-from accel.sim.faults import as_faults
-from accel.sim.guard import has_main_guard
+from accel.sim.diagnoses.faults import as_faults
+from accel.sim.diagnoses.guard import has_main_guard
 
 HERE = os.path.abspath(__file__)
 
@@ -91,7 +91,7 @@ def store_keys_after_tasks():
     import torch
     import torch.distributed as dist
 
-    from accel.sim import collectives
+    from accel.sim.diagnoses import collectives
 
     watch = collectives._watch
     task = watch.task
@@ -431,7 +431,7 @@ def _write_board(path, state, **board):
 
 
 def test_deadlock_watch_counts_what_finished_ranks_took_part_in(tmp_path, monkeypatch):
-    from accel.sim import deadlock
+    from accel.sim.diagnoses import deadlock
 
     monkeypatch.setattr(deadlock, "SETTLE", 0.0)
     waiting = {"task": 7, "op": "all_reduce", "count": 2, "call": 2, "ranks": [0, 1], "group": "default", "seq": 2}

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from accel.sim import DistributedDeadlock, DistributedFailure, launch
-from accel.sim.failures import CollectiveMismatch
+from accel.sim.diagnoses.failures import CollectiveMismatch
 
 HERE = os.path.abspath(__file__)
 

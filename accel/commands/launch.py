@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from accel.commands import launch_args
-from accel.sim import gpu_models
+from accel.sim.cuda import gpu_models
 from accel.sim.device_names import DEVICES
 
 #: simulated devices (their one definition is torch-free, so `--help` stays fast)

@@ -1,6 +1,6 @@
 """`accel launch --simulate`: the script on N simulated ranks of `accel.sim.launch`.
 
-What the ranks print streams live (`accel.sim.output`), each line prefixed ``[rank N]``
+What the ranks print streams live (`accel.sim.runtime.output`), each line prefixed ``[rank N]``
 unless a single rank is shown; each failing rank's report is printed once, prefixed
 the same way; the exit code is that of the first failing rank (`sys.exit(3)` -> 3).
 There is no time limit unless `--timeout` is given. Ctrl-C (or SIGTERM) stops every
@@ -21,7 +21,7 @@ import signal
 import sys
 from typing import Any
 
-from accel.sim import output
+from accel.sim.runtime import output
 
 #: the resource tracker's end-of-run warning, left out (see `_quiet_resource_tracker`)
 _TRACKER_WARNING_FILTER = "ignore:resource_tracker:UserWarning"
@@ -32,8 +32,8 @@ def run_script(script: str, script_args: list[str], env: dict[str, str], module:
 
     `sys.exit(code)` in the script ends the rank with that code.
     """
-    from accel.sim.launcher import report_peak_memory
-    from accel.sim.worker import hide_frames_of
+    from accel.sim.runtime.launcher import report_peak_memory
+    from accel.sim.runtime.worker import hide_frames_of
 
     # A failing rank's traceback then starts at the script, not in this runner.
     hide_frames_of(__file__)
@@ -79,7 +79,7 @@ def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
     _quiet_resource_tracker()
     env = {**env, **_terminal_env(world_size, shown)}
     if getattr(args, "gpu", None):
-        from accel.sim.gpu_models import GPU_ENV
+        from accel.sim.cuda.gpu_models import GPU_ENV
 
         env[GPU_ENV] = args.gpu
     if getattr(args, "shapes_only", False):
@@ -151,7 +151,7 @@ def _launch(
 def _faults(specs: list[str], world_size: int) -> tuple:
     if not specs:
         return ()
-    from accel.sim import faults
+    from accel.sim.diagnoses import faults
 
     return faults.as_faults(list(specs), world_size)
 
@@ -219,7 +219,7 @@ def _start_fork_server() -> None:
     """
     from multiprocessing import resource_tracker
 
-    from accel.sim import forking
+    from accel.sim.runtime import forking
 
     resource_tracker.ensure_running()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

@@ -5,22 +5,25 @@ processes, each with a real Gloo process group and `accel`'s state set up as on 
 hardware, and returns what each rank returned; failures raise `DistributedFailure`.
 The parent side imports no torch: ranks are forked from a server that did.
 
-Modules: `launcher` (launch), `manager` (warm pools per configuration), `pool` (one
-pool of ranks, parent side), `worker` and `cleanslate` (inside a rank), `forking` (the
-fork server), `failures` (what went wrong where), `stacks`, `serialize`,
-`coverage_support`; `device_names`, `devices`, `fake_cuda`, `xla` (the simulated
-hardware). Simulated GPUs (`fake_cuda`) are made of `cuda_tensor` (CUDA tensors held in
-host memory), `device_rules` (CUDA's device checks and messages), `cuda_kernels`,
-`cuda_autocast`, `cuda_checkpoint`, `cuda_state`, and `torch_internals` (every private
-torch API they rely on).
+Subpackages, one concern each (a new kind of simulated device is one new subpackage):
 
-Diagnoses: collectives are checked across ranks (`collectives`: a mismatch raises
-`CollectiveMismatch` naming each rank's call), ranks left waiting in a collective their
-peers will never join fail at once (`deadlock`: `DistributedDeadlock`), a dead rank's
-last stderr lines are in the report (`guard`: the hint for a script without a
-`__main__` guard). Faults can be injected (`faults`: `Fault`,
-`parse_fault`, and `fault_point(name)`, a no-op outside the simulator). The messages
-between the pool and its ranks are typed (`messages`).
+* `runtime`: the ranks themselves: `launcher` (launch), `manager` (warm pools per
+  configuration), `pool` (one pool of ranks, parent side), `worker` and `cleanslate`
+  (inside a rank), `forking` and `server` (the fork server, the rank server), typed
+  `messages`, `serialize`, `output`, `coverage_support`, `torchrun_env`, `adopt_group`.
+* `diagnoses`: collectives are checked across ranks (`collectives`: a mismatch raises
+  `CollectiveMismatch` naming each rank's call), ranks left waiting in a collective their
+  peers will never join fail at once (`deadlock`: `DistributedDeadlock`), what went wrong
+  where (`failures`, `stacks`), the hint for a script without a `__main__` guard (`guard`),
+  injected faults (`faults`: `Fault`, `parse_fault`, and `fault_point(name)`, a no-op
+  outside the simulator).
+* `core`: what every simulated device shares: the wrapper tensor, device rules, the hidden
+  device, autocast, the carried collectives and `torch_internals` (every private torch API).
+* `cuda`: the simulated GPU (`fake` installs it: `tensor`, `kernels`, `memory`, `blas`,
+  `properties`, `gpu_models`, `nccl_group`, ...); `xla`: the simulated TPU (`device`,
+  `bridge`, and the stand-in `torch_xla` in `xla/stub`).
+
+`devices` installs the simulated device a rank asks for (`device_names` lists them).
 
 Environment knobs: `ACCEL_SIM_START_TIMEOUT` (seconds a pool may take to start,
 default 120), `ACCEL_SIM_MAX_WARM_RANKS` (idle warm ranks kept per process, default 32),
@@ -31,18 +34,18 @@ each simulated GPU is, `gpu_models`), `ACCEL_SIM_GPU_MEMORY` (0 turns GPU memory
 
 from typing import TYPE_CHECKING
 
-from accel.sim.failures import (
+from accel.sim.diagnoses.failures import (
     CollectiveMismatch,
     DistributedDeadlock,
     DistributedFailure,
     DistributedTimeout,
     RankFailure,
 )
-from accel.sim.faults import Fault, InjectedFault, fault_point, parse_fault
-from accel.sim.launcher import launch
+from accel.sim.diagnoses.faults import Fault, InjectedFault, fault_point, parse_fault
+from accel.sim.runtime.launcher import launch
 
 if TYPE_CHECKING:
-    from accel.sim.cuda_properties import PeakMemory
+    from accel.sim.cuda.properties import PeakMemory
 
 
 def peak_memory(device: object = None) -> "PeakMemory":
@@ -52,7 +55,7 @@ def peak_memory(device: object = None) -> "PeakMemory":
     `memory_reserved` since CUDA started in the rank (or the last `reset_peak_memory_stats`),
     `.capacity` the card's memory: ``assert accel.sim.peak_memory().reserved < 40 * 2**30``.
     """
-    from accel.sim import cuda_properties
+    from accel.sim.cuda import properties as cuda_properties
 
     return cuda_properties.peak_memory(device)
 

@@ -6,7 +6,7 @@ launcher's environment variables are set, before `PartialState()`), and
 accel's registry, named by `ACCEL_BACKEND`, plus whatever the user's code must see:
 
 * "cpu": the real CPU backend, nothing faked.
-* "cuda": `accel.sim.fake_cuda` — LOCAL_WORLD_SIZE simulated GPUs whose CUDA tensors
+* "cuda": `accel.sim.cuda.fake` — LOCAL_WORLD_SIZE simulated GPUs whose CUDA tensors
   live in host memory, `torch.cuda` answering as on a GPU host, and the real CUDA
   backend on them with a "nccl" group carried by Gloo.
 * "xla": `accel.sim.xla.device` — the process's simulated TPU core, whose tensors are
@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 from accel.backends import ENV_VAR, register_backend
-from accel.sim import adopt_group
 from accel.sim.device_names import DEVICES
+from accel.sim.runtime import adopt_group
 
 #: directory holding the stand-in `torch_xla` package (on `sys.path` in xla ranks only)
 FAKE_XLA_PATH = str(Path(__file__).resolve().parent / "xla" / "stub")
@@ -41,7 +41,7 @@ def prepare_rank(device: str) -> None:
     if device == "cpu":
         os.environ[ENV_VAR] = "cpu"
     elif device == "cuda":
-        from accel.sim import fake_cuda
+        from accel.sim.cuda import fake as fake_cuda
 
         fake_cuda.install()
         register_backend(fake_cuda.SimCUDABackend, replace=True)
@@ -66,7 +66,7 @@ def reset_rank(device: str) -> None:
     if device == "cpu":
         os.environ[ENV_VAR] = "cpu"
     elif device == "cuda":
-        from accel.sim import fake_cuda
+        from accel.sim.cuda import fake as fake_cuda
 
         fake_cuda.reset()
         os.environ[ENV_VAR] = fake_cuda.SimCUDABackend.name
@@ -89,7 +89,7 @@ def as_fresh_process() -> None:
     NCCL collective ("Duplicate GPU detected"), here as on real hardware. (accel's own
     `PartialState` pins `cuda:LOCAL_RANK`, as on the hardware.)
     """
-    fake_cuda = sys.modules.get("accel.sim.fake_cuda")  # installed in simulated GPU ranks only
+    fake_cuda = sys.modules.get("accel.sim.cuda.fake")  # installed in simulated GPU ranks only
     if fake_cuda is not None and fake_cuda.is_installed():
         fake_cuda.reset(local_rank=0, fresh=True)
 

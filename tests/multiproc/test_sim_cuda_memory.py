@@ -89,7 +89,7 @@ def test_launch_takes_the_card_and_the_environment_variable(monkeypatch):
 
 @distributed_test(world_size=[2], device="cuda")
 def test_device_queries_that_need_nvml_are_refused_by_name():
-    from accel.sim.fake_cuda import SimulatedDeviceError
+    from accel.sim.cuda.fake import SimulatedDeviceError
 
     for query in (torch.cuda.utilization, torch.cuda.temperature, torch.cuda.power_draw):
         with pytest.raises(SimulatedDeviceError, match="is not available on a simulated GPU: it reads the GPU's NVML"):
@@ -304,7 +304,7 @@ def test_no_visible_gpu_means_no_cuda():
 
 @distributed_test(world_size=[2], device="cuda")
 def test_a_checkpoint_of_cuda_1_is_refused_where_one_gpu_is_visible(rank, tmp_path):
-    from accel.sim import fake_cuda
+    from accel.sim.cuda import fake as fake_cuda
 
     path = tmp_path / f"on_gpu_1_by_{rank}.pt"
     torch.save(torch.ones(3, device="cuda:1"), path)

@@ -152,7 +152,7 @@ def test_a_second_init_by_the_script_fails_as_in_torch(rank, device):
 def test_nccl_without_gpus_is_refused(rank):
     import torch.distributed as dist
 
-    from accel.sim.adopt_group import IncompatibleProcessGroupRequest
+    from accel.sim.runtime.adopt_group import IncompatibleProcessGroupRequest
 
     with pytest.raises(IncompatibleProcessGroupRequest, match="doesn't have NCCL built in.*--simulate cuda"):
         dist.init_process_group("nccl")
@@ -163,7 +163,7 @@ def test_nccl_without_gpus_is_refused(rank):
 def test_another_world_is_refused(rank):
     import torch.distributed as dist
 
-    from accel.sim.adopt_group import IncompatibleProcessGroupRequest
+    from accel.sim.runtime.adopt_group import IncompatibleProcessGroupRequest
 
     with pytest.raises(IncompatibleProcessGroupRequest, match=r"world_size=3.*WORLD_SIZE=2"):
         dist.init_process_group("gloo", world_size=3, rank=rank)

@@ -1,6 +1,6 @@
 """Carried collectives: a simulated device's process group written in Python, carried by Gloo.
 
-The simulated GPU's "nccl" group (`accel.sim.nccl_group`) and the simulated TPU's "xla"
+The simulated GPU's "nccl" group (`accel.sim.cuda.nccl_group`) and the simulated TPU's "xla"
 group (the stand-in `torch_xla.distributed.xla_backend`) are both such groups: each
 checks its device's rules with its device's words, hands the host tensors under the
 device tensors (storage shared) to a `ProcessGroupGloo` of its own, and returns a finished

@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import re
 
-from accel.sim import entry
+from accel.sim.runtime import entry
 
 _HIDDEN_IN_STACKS = {
     os.path.join(os.path.dirname(entry.__file__), "worker.py"),
@@ -21,7 +21,7 @@ _HIDDEN_IN_STACKS = {
 }
 #: (file, function) frames left out: the collective wrapper's bookkeeping, while the
 #: wrapper itself stays, named for the collective it runs (e.g. "in all_reduce")
-_COLLECTIVES = os.path.join(os.path.dirname(entry.__file__), "collectives.py")
+_COLLECTIVES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "collectives.py")
 _HIDDEN_FUNCTIONS = {(_COLLECTIVES, "call"), (_COLLECTIVES, "_check")}
 _STACK_LINE = re.compile(r'^\s*File "(?P<path>[^"]*)", line \d+ in (?P<function>\S+)')
 

@@ -17,10 +17,12 @@ from typing import Any
 
 import torch
 
-from accel.sim import cuda_memory, cuda_shapes, cuda_state
 from accel.sim.core import torch_internals
 from accel.sim.core import wrapper as core_wrapper
-from accel.sim.cuda_tensor import SimCudaTensor, run_on, unwrap
+from accel.sim.cuda import memory as cuda_memory
+from accel.sim.cuda import shapes as cuda_shapes
+from accel.sim.cuda import state as cuda_state
+from accel.sim.cuda.tensor import SimCudaTensor, run_on, unwrap
 
 aten = torch.ops.aten
 
@@ -47,7 +49,7 @@ def factory_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
     index = device.index or 0
     meta = _on_meta(op, args, kwargs) if cuda_memory.is_counting() or cuda_shapes.enabled() else None
     if meta is not None and not cuda_shapes.keeps_data(meta.untyped_storage().nbytes()):
-        out = meta  # shapes only: the tensor is its shape (`accel.sim.cuda_shapes`)
+        out = meta  # shapes only: the tensor is its shape (`accel.sim.cuda.shapes`)
         cuda_memory.track(out, index, cuda_memory.reserve(index, meta.untyped_storage().nbytes()))
         return SimCudaTensor(out, device)
     reserved = cuda_memory.reserve(index, meta.untyped_storage().nbytes()) if meta is not None else None

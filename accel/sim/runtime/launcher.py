@@ -1,6 +1,6 @@
 """`launch`: run a function on N simulated ranks and get back what each returned.
 
-Ranks come warm from a pool (`accel.sim.pool`); a launch that ended badly throws its
+Ranks come warm from a pool (`accel.sim.runtime.pool`); a launch that ended badly throws its
 pool away so that the next one starts from healthy ranks. Failures are raised as one
 `DistributedFailure` naming every failed rank (`DistributedTimeout`,
 `DistributedDeadlock` for those two causes).
@@ -14,13 +14,15 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from accel.sim import device_names, gpu_models, serialize
-from accel.sim import faults as fault_specs
-from accel.sim import manager as managers
-from accel.sim import pool as pools
-from accel.sim.deadlock import ranges
-from accel.sim.failures import DistributedDeadlock, DistributedFailure, DistributedTimeout
-from accel.sim.messages import Status
+from accel.sim import device_names
+from accel.sim.cuda import gpu_models
+from accel.sim.diagnoses import faults as fault_specs
+from accel.sim.diagnoses.deadlock import ranges
+from accel.sim.diagnoses.failures import DistributedDeadlock, DistributedFailure, DistributedTimeout
+from accel.sim.runtime import manager as managers
+from accel.sim.runtime import pool as pools
+from accel.sim.runtime import serialize
+from accel.sim.runtime.messages import Status
 
 #: environment knob: "0" (or false/no/off) turns the collective check off where the
 #: caller does not say (`check_collectives=None`)
@@ -90,7 +92,7 @@ def on_gpu(options: GpuOptions, fn: Callable[..., Any], *args: Any, **kwargs: An
         os.environ[gpu_models.GPU_ENV] = options.gpu
     if options.shapes_only:
         os.environ["ACCEL_SIM_SHAPES_ONLY"] = "1"
-    fake_cuda = sys.modules.get("accel.sim.fake_cuda")  # loaded in simulated GPU ranks only
+    fake_cuda = sys.modules.get("accel.sim.cuda.fake")  # loaded in simulated GPU ranks only
     if fake_cuda is not None:
         fake_cuda.reconfigure()  # the rank's set-up may have started CUDA before this call
     result = fn(*args, **kwargs)
@@ -101,7 +103,7 @@ def on_gpu(options: GpuOptions, fn: Callable[..., Any], *args: Any, **kwargs: An
 
 def report_peak_memory() -> None:
     """Print one line per simulated GPU this rank used: its peak memory against its card."""
-    properties = sys.modules.get("accel.sim.cuda_properties")  # loaded in simulated GPU ranks only
+    properties = sys.modules.get("accel.sim.cuda.properties")  # loaded in simulated GPU ranks only
     if properties is None:
         return
     for line in properties.peak_report():
@@ -135,7 +137,7 @@ def run_payload(
     """Run a serialised call on the ranks; the outcomes, one per rank (raises only if ranks cannot start).
 
     `check_collectives` None follows the `ACCEL_SIM_CHECK_COLLECTIVES` knob; `faults` are
-    `accel.sim.faults.Fault`s or their spec strings (`accel.sim.faults.parse_fault`).
+    `accel.sim.diagnoses.faults.Fault`s or their spec strings (`accel.sim.diagnoses.faults.parse_fault`).
     """
     check = resolve_check(check_collectives)
     injected = fault_specs.as_faults(faults, world_size)
@@ -234,7 +236,7 @@ def launch(
     default: on unless ``ACCEL_SIM_CHECK_COLLECTIVES=0``): ranks calling different
     collectives fail at once with `CollectiveMismatch`, naming each rank's collective
     and the line that called it. `faults` injects failures (`accel.sim.Fault` or spec
-    strings such as ``"kill:rank=1:collective=3"``, see `accel.sim.faults.parse_fault`).
+    strings such as ``"kill:rank=1:collective=3"``, see `accel.sim.diagnoses.faults.parse_fault`).
 
     Raises:
         DistributedFailure: a rank raised, exited or was killed (every failed rank is
@@ -251,10 +253,10 @@ def launch(
     rank, NCCL), with nothing simulated.
 
     `gpu` (with ``device="cuda"``) names the card each simulated GPU is ("H100", "L4",
-    "memory=24GiB,capability=8.9", see `accel.sim.gpu_models`); default: ``ACCEL_SIM_GPU``,
+    "memory=24GiB,capability=8.9", see `accel.sim.cuda.gpu_models`); default: ``ACCEL_SIM_GPU``,
     else an H100. Its memory is what the ranks may allocate before out-of-memory.
     `report_memory=True` has each rank print its GPUs' peak memory when `fn` returns.
-    `shapes_only=True`: the simulated GPUs hold shapes, not data (`accel.sim.cuda_shapes`):
+    `shapes_only=True`: the simulated GPUs hold shapes, not data (`accel.sim.cuda.shapes`):
     whether a step fits on the card, and its peak memory, without computing it.
     """
     check_options(world_size, device, timeout, real_device)

@@ -2,8 +2,8 @@
 
 Starting a rank means importing torch (seconds) and creating a process group; running
 a trivial test on a warm rank takes milliseconds. So ranks are forked from a fork
-server that imported torch and accel once (`accel.sim.forking`), kept per (world size,
-device) by `accel.sim.manager`, and reused until a task leaves them in doubt (a
+server that imported torch and accel once (`accel.sim.runtime.forking`), kept per (world size,
+device) by `accel.sim.runtime.manager`, and reused until a task leaves them in doubt (a
 failure, a death, a destroyed process group), when the pool is thrown away and the
 next task gets fresh ranks.
 
@@ -17,7 +17,7 @@ are stopped within about a second (`DEADLOCK_SETTLE`), not at the timeout, and t
 report says which collective each waits in. A rank that dies brings the last lines it
 wrote to stderr into the report.
 
-The messages exchanged with the ranks are the types of `accel.sim.messages`.
+The messages exchanged with the ranks are the types of `accel.sim.runtime.messages`.
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from accel.sim import coverage_support, deadlock, forking, guard, output, stacks
-from accel.sim.failures import DistributedFailure, RankFailure
-from accel.sim.messages import ExceptionReport, Port, Ready, RunTask, StartError, Status, Stop, TaskDone
+from accel.sim.diagnoses import deadlock, guard, stacks
+from accel.sim.diagnoses.failures import DistributedFailure, RankFailure
+from accel.sim.runtime import coverage_support, forking, output
+from accel.sim.runtime.messages import ExceptionReport, Port, Ready, RunTask, StartError, Status, Stop, TaskDone
 
 #: after the first failed rank, how long the others get to finish before being stopped
 FAILURE_GRACE = 1.0
@@ -89,7 +90,7 @@ class RankPool:
         self._conns: list[Any] = []
         self._workdir = tempfile.mkdtemp(prefix=f"accel-sim-{device}{world_size}-")
         self._outputs: list[list[Any]] = []
-        #: what the ranks print goes live to our stdout/stderr (settings: `accel.sim.output.configure`)
+        #: what the ranks print goes live to our stdout/stderr (settings: `accel.sim.runtime.output.configure`)
         self._relay = output.OutputRelay(world_size)
         self._stack_offsets: list[int] = [0] * world_size
         #: size of each rank's stderr file when the current task began
@@ -241,7 +242,7 @@ class RankPool:
         Never raises for what happens in ranks: failures, deaths, deadlocks and timeouts
         are outcomes. `timeout` None waits as long as ranks make progress (a deadlock
         still ends the task). `check_collectives` checks every collective across ranks
-        before it runs; `faults` (`accel.sim.faults.Fault`) are injected in their ranks.
+        before it runs; `faults` (`accel.sim.diagnoses.faults.Fault`) are injected in their ranks.
         The pool is killed when a rank did not answer; the caller decides whether it may
         be reused otherwise.
         """
@@ -387,7 +388,7 @@ class RankPool:
             return 0
 
     def relay(self, final: bool = False) -> None:
-        """Copy what the ranks printed since the last call to our stdout/stderr (see `accel.sim.output`)."""
+        """Copy what the ranks printed since the last call to our stdout/stderr (see `accel.sim.runtime.output`)."""
         for rank, files in enumerate(self._outputs):
             for index, handle in enumerate(files):
                 data = handle.read()

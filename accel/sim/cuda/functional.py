@@ -8,7 +8,7 @@ the `torch.distributed` collective it stands for, on the simulated CUDA tensors 
 so the group (and the simulator's collective check) sees what a GPU run gives it. Work is
 finished when it is issued, so `wait_tensor` has nothing to wait for.
 
-Installed once per simulated GPU rank (`accel.sim.fake_cuda.install`).
+Installed once per simulated GPU rank (`accel.sim.cuda.fake.install`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ branch it takes on a GPU host and lands on the simulated GPUs.
 Also here, because a GPU run prints nothing of the kind: DDP's C++ logger would warn once
 per rank that it keeps no time statistics for the hidden device.
 
-Installed once per simulated GPU rank (`accel.sim.fake_cuda.install`).
+Installed once per simulated GPU rank (`accel.sim.cuda.fake.install`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from accel.sim import cuda_state
 from accel.sim.core import torch_internals
+from accel.sim.cuda import state as cuda_state
 
 CUDA = torch.device("cuda")
 
@@ -38,7 +38,7 @@ def _exchange(index: int) -> int:
 
 def _stats(index: int) -> dict[str, Any]:
     """The nested statistics `torch.accelerator.memory_stats` flattens: the simulated allocator's."""
-    from accel.sim import cuda_properties
+    from accel.sim.cuda import properties as cuda_properties
 
     return cuda_properties.memory_stats_as_nested_dict(index)
 
@@ -53,7 +53,7 @@ def _reset_accumulated(index: int) -> None:
 
 def answers() -> dict[str, Any]:
     """Name of each private `torch._C` accelerator entry point -> its simulated-GPU answer."""
-    from accel.sim import fake_cuda
+    from accel.sim.cuda import fake as fake_cuda
 
     return {
         "_get_accelerator": lambda: CUDA,
@@ -85,7 +85,7 @@ def default_backend_for_device(original: Any) -> Any:
     """`get_default_backend_for_device` that names the simulated NCCL group "nccl" (as on a GPU)."""
 
     def get_default_backend_for_device(device: str | torch.device) -> str:
-        from accel.sim import nccl_group
+        from accel.sim.cuda import nccl_group
 
         return nccl_group.to_user(original(device))
 

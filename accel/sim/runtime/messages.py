@@ -64,16 +64,16 @@ class StartError:
 
 @dataclasses.dataclass(frozen=True)
 class RunTask:
-    """Run one serialised call (`accel.sim.serialize.dumps_call`) in every rank."""
+    """Run one serialised call (`accel.sim.runtime.serialize.dumps_call`) in every rank."""
 
     payload: bytes
     cwd: str
     sys_path: list[str]
     #: the pool's task counter: names this task's keys in the rendezvous store
     number: int
-    #: check every collective across ranks before it runs (`accel.sim.collectives`)
+    #: check every collective across ranks before it runs (`accel.sim.diagnoses.collectives`)
     check_collectives: bool = True
-    #: faults to inject (`accel.sim.faults.Fault`), all ranks' (each rank picks its own)
+    #: faults to inject (`accel.sim.diagnoses.faults.Fault`), all ranks' (each rank picks its own)
     faults: tuple = ()
 
 

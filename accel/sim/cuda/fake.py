@@ -5,7 +5,7 @@ never in a user's own process: part of it (the hidden PrivateUse1 device and its
 kernels) is process-wide and cannot be undone. A rank gets `LOCAL_WORLD_SIZE`
 simulated GPUs, the current one being `LOCAL_RANK`.
 
-* Tensors (`accel.sim.cuda_tensor`, `cuda_kernels`, `device_rules`): `device="cuda"`,
+* Tensors (`accel.sim.cuda.tensor`, `cuda_kernels`, `device_rules`): `device="cuda"`,
   `.cuda()`, `.to("cuda")`, `module.cuda()` give tensors on `cuda:k` that compute on
   the CPU and fail like CUDA tensors when mixed with CPU ones.
 * `torch.autocast("cuda")` applies CUDA's policy (`cuda_autocast`); `torch.amp.GradScaler("cuda")`
@@ -40,24 +40,22 @@ import torch.cuda
 import torch.cuda.random
 
 from accel.backends.cuda import CUDABackend
-from accel.sim import (
-    cuda_accelerator,
-    cuda_attention,
-    cuda_autocast,
-    cuda_blas,
-    cuda_checkpoint,
-    cuda_functional,
-    cuda_group,
-    cuda_kernels,
-    cuda_memory,
-    cuda_properties,
-    cuda_shapes,
-    cuda_state,
-    cuda_tensor,
-    gpu_models,
-)
 from accel.sim.core import hidden, torch_internals
-from accel.sim.cuda_state import DEFAULT_CUDA_SEED
+from accel.sim.cuda import accelerator as cuda_accelerator
+from accel.sim.cuda import attention as cuda_attention
+from accel.sim.cuda import autocast as cuda_autocast
+from accel.sim.cuda import blas as cuda_blas
+from accel.sim.cuda import checkpoint as cuda_checkpoint
+from accel.sim.cuda import functional as cuda_functional
+from accel.sim.cuda import gpu_models
+from accel.sim.cuda import group as cuda_group
+from accel.sim.cuda import kernels as cuda_kernels
+from accel.sim.cuda import memory as cuda_memory
+from accel.sim.cuda import properties as cuda_properties
+from accel.sim.cuda import shapes as cuda_shapes
+from accel.sim.cuda import state as cuda_state
+from accel.sim.cuda import tensor as cuda_tensor
+from accel.sim.cuda.state import DEFAULT_CUDA_SEED
 
 __all__ = [
     "DEFAULT_CUDA_SEED",
@@ -437,10 +435,10 @@ def reset(local_rank: int | None = None, fresh: bool = False) -> None:
 
 
 class SimCUDABackend(CUDABackend):
-    """The real CUDA backend; its "nccl" group refuses CPU tensors as NCCL does (`accel.sim.nccl_group`)."""
+    """The real CUDA backend; its "nccl" group refuses CPU tensors as NCCL does (`accel.sim.cuda.nccl_group`)."""
 
     name = "sim_cuda"
-    comm_backend = "nccl"  # created by accel.sim.adopt_group as the simulated NCCL group
+    comm_backend = "nccl"  # created by accel.sim.runtime.adopt_group as the simulated NCCL group
 
     @classmethod
     def is_available(cls) -> bool:

@@ -1,6 +1,6 @@
 """Seeing, from the parent, that ranks wait in a collective that can no longer complete.
 
-Each rank writes to a small board file (`accel.sim.collectives`) which collective it is
+Each rank writes to a small board file (`accel.sim.diagnoses.collectives`) which collective it is
 waiting in (its group, its number in that group), and how many collectives it entered
 per group; when the call returns the board says "idle" but keeps those numbers.
 
@@ -40,7 +40,7 @@ def board_path(workdir: str, rank: int) -> str:
 
 
 def read_board(path: str, waiting_only: bool = True) -> dict[str, Any] | None:
-    """What a rank's board says (see `accel.sim.collectives`) while it waits in a collective, else None.
+    """What a rank's board says (see `accel.sim.diagnoses.collectives`) while it waits in a collective, else None.
 
     `waiting_only=False` reads the last call's board of an idle rank too. A board read
     while the rank rewrites it may not parse: that reads as None.
@@ -99,7 +99,7 @@ class Watch:
 
 
 def _library_dirs() -> tuple[str, ...]:
-    dirs = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep]  # accel
+    dirs = [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep]  # accel
     for name in ("torch", "harness"):
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:

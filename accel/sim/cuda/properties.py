@@ -1,10 +1,10 @@
 """What `torch.cuda` reports about a simulated GPU: the card's properties and its memory counters.
 
 `get_device_properties` answers with the figures of the card the rank simulates
-(`accel.sim.gpu_models`); torch's own `get_device_name`, `get_device_capability` and
+(`accel.sim.cuda.gpu_models`); torch's own `get_device_name`, `get_device_capability` and
 `is_bf16_supported` read them, so capability-dependent answers follow the card as torch
 computes them. The memory functions read the simulated caching allocator
-(`accel.sim.cuda_memory`): torch's own `memory_allocated`, `max_memory_reserved`,
+(`accel.sim.cuda.memory`): torch's own `memory_allocated`, `max_memory_reserved`,
 `memory_summary`, ... run unchanged on top of `memory_stats`.
 """
 
@@ -14,8 +14,10 @@ import collections
 import dataclasses
 from typing import Any
 
-from accel.sim import cuda_memory, cuda_state, gpu_models
-from accel.sim.gpu_models import MiB
+from accel.sim.cuda import gpu_models
+from accel.sim.cuda import memory as cuda_memory
+from accel.sim.cuda import state as cuda_state
+from accel.sim.cuda.gpu_models import MiB
 
 #: environment knob: "0" turns the memory counters (and out-of-memory) off
 MEMORY_ENV = "ACCEL_SIM_GPU_MEMORY"

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from accel.sim import cuda_memory
 from accel.sim.core import torch_internals
-from accel.sim.cuda_memory import Block, DeviceMemory
+from accel.sim.cuda import memory as cuda_memory
+from accel.sim.cuda.memory import Block, DeviceMemory
 
 KiB = 1024
 aten = torch.ops.aten
@@ -114,7 +114,9 @@ def handlers() -> dict[Any, Any]:
 
 
 def _run(func: Any, args: tuple, kwargs: dict) -> Any:
-    from accel.sim import cuda_tensor  # (it imports this module's neighbours: imported when first needed)
+    from accel.sim.cuda import (
+        tensor as cuda_tensor,  # (it imports this module's neighbours: imported when first needed)
+    )
 
     device = cuda_tensor.op_device(func, args, kwargs)  # a device mismatch fails first, as on a GPU
     if device is not None and device.type == "cuda":

@@ -6,7 +6,7 @@ leak into ranks):
 
 - multiprocessing's fork server (the default): a clean process of this session that
   imports a list of modules once, forks a child per request and exits with the session;
-- the rank server (`accel.sim.server`, turned on by `use_server`, as the pytest harness
+- the rank server (`accel.sim.runtime.server`, turned on by `use_server`, as the pytest harness
   does): the same, but it outlives the session, so that the next session (and every
   `pytest -n N` worker of this one) finds torch imported already. A session's ranks
   still end with the session; the server stops when idle, and never serves a project
@@ -36,7 +36,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from accel.sim import entry, stacks
+from accel.sim.diagnoses import stacks
+from accel.sim.runtime import entry
 
 # A rank's stack ends in the rank server's frames (it was forked there): machinery, not the user's code.
 stacks.hide_in_stacks(os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py"))
@@ -74,8 +75,8 @@ _use_server = False
 
 
 def preload_modules() -> list[str]:
-    """The modules ranks find imported (accel.sim.entry's, and those `add_preload` asked for)."""
-    from accel.sim import coverage_support
+    """The modules ranks find imported (accel.sim.runtime.entry's, and those `add_preload` asked for)."""
+    from accel.sim.runtime import coverage_support
 
     names = list(entry.PRELOAD)
     if coverage_support.parent_settings() is None:
@@ -92,7 +93,7 @@ def add_preload(*modules: str) -> None:
 
 
 def use_server(on: bool = True) -> bool:
-    """Start ranks from the shared rank server (`accel.sim.server`) rather than a fork server of
+    """Start ranks from the shared rank server (`accel.sim.runtime.server`) rather than a fork server of
     this process; returns the previous choice."""
     global _use_server
     previous, _use_server = _use_server, on
@@ -244,7 +245,7 @@ def fork_session_server(own_warning_filters: Sequence[tuple] = ()) -> bool:
     CI) would otherwise import torch a second time in a fresh server, competing with its
     own import. Only done when safe (`self_fork_refusal`: no thread but this one and
     torch's idle one, nothing tracing); the child drops the session's own set-up
-    (`accel.sim.server.serve_session`), `own_warning_filters` included (pytest's). It ends
+    (`accel.sim.runtime.server.serve_session`), `own_warning_filters` included (pytest's). It ends
     with the session (`end_session`), which then starts the shared rank server for the next
     sessions when one is wanted.
     Returns whether ranks now come from it.
@@ -255,7 +256,7 @@ def fork_session_server(own_warning_filters: Sequence[tuple] = ()) -> bool:
     session_refusal = self_fork_refusal()
     if session_refusal:
         return False
-    from accel.sim import server
+    from accel.sim.runtime import server
 
     preload = preload_modules()
     plan = _plan_server() if _use_server else None
@@ -354,7 +355,7 @@ class RankProcess:
         readable, _, _ = select.select([self.sentinel], [], [], timeout)
         if not readable:
             return
-        from accel.sim.server import decode_status
+        from accel.sim.runtime.server import decode_status
 
         data = os.read(self.sentinel, 8)
         # No status: the server died without reaping it; the rank died with it (SIGKILL).
@@ -380,7 +381,7 @@ class ServerClient:
     def start_rank(self, config: dict[str, Any]) -> tuple[RankProcess, Any]:
         from multiprocessing.connection import Connection
 
-        from accel.sim import server
+        from accel.sim.runtime import server
 
         parent, child = socket.socketpair()
         status_r, status_w = os.pipe()
@@ -440,7 +441,7 @@ def server_environment() -> dict[str, str]:
 
 
 def server_key() -> str:
-    """What a rank server's preloaded modules depend on, hashed (see `accel.sim.server`)."""
+    """What a rank server's preloaded modules depend on, hashed (see `accel.sim.runtime.server`)."""
     from importlib import metadata
 
     def version(name: str) -> str:
@@ -463,7 +464,7 @@ def server_key() -> str:
 
 
 def _connect() -> ServerClient:
-    from accel.sim import server
+    from accel.sim.runtime import server
 
     key = server_key()
     path = os.path.join(server_directory(), f"{key[:32]}.sock")
@@ -534,7 +535,7 @@ _SERVER_MAIN = (
     "sys.path[:] = json.loads(sys.argv[1])\n"
     "if os.fork():\n"
     "    os._exit(0)\n"
-    "from accel.sim.server import main\n"
+    "from accel.sim.runtime.server import main\n"
     "main(sys.argv[2:])\n"
 )
 

@@ -10,15 +10,15 @@ launches running side by side never collide.
 
 With one rank, a process group of size 1 is created too, as the distributed test
 bases of torch and DeepSpeed do: code under test may call `dist.get_world_size()`.
-Collectives are watched (`accel.sim.collectives`): checked across ranks, counted for
-injected faults (`accel.sim.faults`), shown on a board the parent reads.
+Collectives are watched (`accel.sim.diagnoses.collectives`): checked across ranks, counted for
+injected faults (`accel.sim.diagnoses.faults`), shown on a board the parent reads.
 
 Then, per task: run the function, report its value or what went wrong, and whether
-the process group is still there; then restore the clean slate (`accel.sim.cleanslate`)
+the process group is still there; then restore the clean slate (`accel.sim.runtime.cleanslate`)
 while the parent reports, before the next task comes.
-The messages exchanged with the parent are the types of `accel.sim.messages`.
+The messages exchanged with the parent are the types of `accel.sim.runtime.messages`.
 
-The fork server has already imported torch and accel (`accel.sim.entry.PRELOAD`).
+The fork server has already imported torch and accel (`accel.sim.runtime.entry.PRELOAD`).
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ import torch
 import torch.distributed as dist
 
 import accel.state  # noqa: F401  (preloaded: every rank needs it)
-from accel.sim import collectives, faults, serialize
-from accel.sim.cleanslate import CleanSlate, seed_everything
-from accel.sim.messages import ExceptionReport, Port, Ready, RunTask, StartError, Status, Stop, TaskDone
-from accel.sim.torchrun_env import torchrun_environment
+from accel.sim.diagnoses import collectives, faults
+from accel.sim.runtime import serialize
+from accel.sim.runtime.cleanslate import CleanSlate, seed_everything
+from accel.sim.runtime.messages import ExceptionReport, Port, Ready, RunTask, StartError, Status, Stop, TaskDone
+from accel.sim.runtime.torchrun_env import torchrun_environment
 
 #: source files whose frames are left out of a rank's traceback (the simulator's own)
 INTERNAL_FILES: set[str] = {__file__}

@@ -5,7 +5,7 @@ checkpoints of CPU tensors) gives a group that sends each collective to the back
 its tensors' device. In a simulated GPU rank that group is a `SimCudaGroup`, registered
 under `BACKEND_NAME`: a collective on CPU tensors is Gloo's own (its checks, its work
 objects, under way when returned), one on simulated CUDA tensors is the simulated NCCL
-group's (`accel.sim.nccl_group`: NCCL's shapes, reductions and refusals), each on a Gloo
+group's (`accel.sim.cuda.nccl_group`: NCCL's shapes, reductions and refusals), each on a Gloo
 group of its own, as the two backends are two communicators on a GPU node (DCP's
 `async_save` runs its CPU collectives in a thread while training runs the GPUs'). A CPU
 tensor among CUDA ones is refused as NCCL refuses it.
@@ -23,8 +23,8 @@ import torch.distributed as dist
 from accel.sim.core import torch_internals
 from accel.sim.core.carried import PythonGroup, given
 from accel.sim.core.torch_internals import gloo_all_gather_single, gloo_reduce_scatter_single
-from accel.sim.cuda_tensor import is_simulated_cuda
-from accel.sim.nccl_group import SimNcclGroup
+from accel.sim.cuda.nccl_group import SimNcclGroup
+from accel.sim.cuda.tensor import is_simulated_cuda
 
 __all__ = ["BACKEND_NAME", "PythonGroup", "SimCudaGroup", "register"]
 

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 import torch.serialization
 
-from accel.sim import cuda_state
 from accel.sim.core import torch_internals
-from accel.sim.cuda_tensor import SimCudaTensor
+from accel.sim.cuda import state as cuda_state
+from accel.sim.cuda.tensor import SimCudaTensor
 
 #: attribute marking a loaded storage as belonging to a simulated GPU
 _MARK = "_accel_sim_cuda_device"

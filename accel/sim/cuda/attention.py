@@ -9,7 +9,7 @@ tensors on a simulated GPU, attention without a mask or dropout runs as GPU atte
 does: through `_scaled_dot_product_flash_attention` (whose autograd formula and DTensor
 rules torch has), computed by the CPU's flash kernel; otherwise torch's math path.
 
-Installed once per simulated GPU rank (`accel.sim.fake_cuda.install`).
+Installed once per simulated GPU rank (`accel.sim.cuda.fake.install`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from accel.sim.cuda_tensor import unwrap, wrap_like
+from accel.sim.cuda.tensor import unwrap, wrap_like
 
 aten = torch.ops.aten
 _libraries: list[torch.library.Library] = []
@@ -43,7 +43,7 @@ def _attention(
 
 def _flash_capable() -> bool:
     """Whether the simulated card has flash attention: torch's CUDA build needs sm_80 or newer for it."""
-    from accel.sim import cuda_properties
+    from accel.sim.cuda import properties as cuda_properties
 
     return cuda_properties.model().capability >= (8, 0)
 

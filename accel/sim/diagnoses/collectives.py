@@ -7,7 +7,7 @@ on Gloo under those same functions), are all seen. A collective called from insi
 another (`all_gather_object` calls `all_gather`) counts once, as the outer one. Per call:
 
 - **faults**: the rank's N-th collective of the task may fire an injected fault
-  (`accel.sim.faults`);
+  (`accel.sim.diagnoses.faults`);
 - **board**: the rank writes "waiting in <op>, collective #n, group ranks" to a small
   memory-mapped file before the call and "idle" after it; the parent reads it to see
   that ranks wait in a collective whose peers have already finished (a deadlock), and
@@ -51,9 +51,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from accel.sim import faults, torch_internals
-from accel.sim.deadlock import BOARD_SIZE, board_path, ranges
-from accel.sim.failures import CollectiveMismatch
+from accel.sim.core import torch_internals
+from accel.sim.diagnoses import faults
+from accel.sim.diagnoses.deadlock import BOARD_SIZE, board_path, ranges
+from accel.sim.diagnoses.failures import CollectiveMismatch
 
 #: seconds a rank waits for its peers' signatures before giving up (the parent's
 #: deadlock check and the task's timeout usually end the wait much earlier); the

@@ -44,8 +44,8 @@ summation order on the CPU, not NCCL's ring on a GPU.
 
 The torch name of this backend is `BACKEND` ("sim_nccl": torch's "nccl" branch wants the
 real library); `install()` makes the rest of `torch.distributed` speak of it as "nccl":
-`get_backend()` says "nccl" (`accel.sim.adopt_group`), `is_nccl_available()` is true, and `"nccl"` given to
-`new_group` (or to `init_process_group`, see `accel.sim.adopt_group`) means this group.
+`get_backend()` says "nccl" (`accel.sim.runtime.adopt_group`), `is_nccl_available()` is true, and `"nccl"` given to
+`new_group` (or to `init_process_group`, see `accel.sim.runtime.adopt_group`) means this group.
 Installed only in simulated GPU ranks.
 """
 
@@ -61,11 +61,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from accel.sim import cuda_memory, cuda_shapes, cuda_state
 from accel.sim.core import torch_internals
 from accel.sim.core.carried import CarriedGroup, given
 from accel.sim.core.carried import PythonGroup as PythonGroup  # its former home
-from accel.sim.cuda_tensor import is_simulated_cuda, unwrap
+from accel.sim.cuda import memory as cuda_memory
+from accel.sim.cuda import shapes as cuda_shapes
+from accel.sim.cuda import state as cuda_state
+from accel.sim.cuda.tensor import is_simulated_cuda, unwrap
 
 #: the name torch knows this backend by
 BACKEND = "sim_nccl"
@@ -919,7 +921,7 @@ def to_torch(backend: Any) -> Any:
     """The backend string torch must be given for `backend` ("nccl" -> this group), else unchanged.
 
     "cpu:gloo,cuda:nccl" (CPU tensors over Gloo, CUDA ones NCCL's way) is the simulated
-    GPU's permissive group (`accel.sim.cuda_group`): a Python group serves every device
+    GPU's permissive group (`accel.sim.cuda.group`): a Python group serves every device
     of its process group, so this one could not share one with Gloo.
     """
     if backend is None:
@@ -932,7 +934,7 @@ def to_torch(backend: Any) -> Any:
         if pairs == {"cuda": NCCL}:
             return BACKEND
         if pairs == {"cpu": "gloo", "cuda": NCCL}:
-            from accel.sim import cuda_group
+            from accel.sim.cuda import group as cuda_group
 
             return cuda_group.BACKEND_NAME
     return backend
@@ -968,7 +970,7 @@ def install() -> None:
         return NCCL_VERSION
 
     # is_nccl_available in `torch.distributed` only: torch's own code asks distributed_c10d's
-    # before it takes its branch for the real library. (`get_backend`: accel.sim.adopt_group.)
+    # before it takes its branch for the real library. (`get_backend`: accel.sim.runtime.adopt_group.)
     patches = [
         (dist, "is_nccl_available", is_nccl_available),
         (dist, "new_group", new_group),

@@ -61,7 +61,7 @@ def install(device: str) -> None:
     global _device, _original_init, _original_get_backend
     _device = device
     if device == "cuda":
-        from accel.sim import nccl_group
+        from accel.sim.cuda import nccl_group
 
         nccl_group.install()
     if _original_init is not None:
@@ -88,7 +88,7 @@ def get_backend(group: Any = None) -> str:
     label = _labels.get(group if group is not None else dist.group.WORLD)
     if label is not None:
         return _equivalents().get(label, label)
-    from accel.sim.nccl_group import to_user
+    from accel.sim.cuda.nccl_group import to_user
 
     return to_user(_original_get_backend(group))
 
@@ -106,7 +106,7 @@ def _equivalents() -> dict[str, str]:
     """Backends the simulator uses under names of its own -> the request each answers exactly."""
     if _device != "cuda":
         return {}
-    from accel.sim import cuda_group
+    from accel.sim.cuda import group as cuda_group
 
     return {cuda_group.BACKEND_NAME: "cpu:gloo,cuda:nccl"}
 
@@ -169,7 +169,7 @@ def create(label: str, timeout: datetime.timedelta | None = None, pg_options: An
     """Create the default group for backend `label` from the launcher's environment."""
     backend: Any = label
     if _device == "cuda":
-        from accel.sim import nccl_group
+        from accel.sim.cuda import nccl_group
 
         backend = nccl_group.to_torch(label)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -188,7 +188,7 @@ def create(label: str, timeout: datetime.timedelta | None = None, pg_options: An
 
 
 def _fresh_store(world_size: int, timeout: datetime.timedelta | None) -> Any:
-    # Rank 0 already hosts the rendezvous server on MASTER_PORT (accel.sim.worker): every
+    # Rank 0 already hosts the rendezvous server on MASTER_PORT (accel.sim.runtime.worker): every
     # rank, rank 0 included, connects to it as a client.
     _generation[0] += 1
     client = dist.TCPStore(

@@ -21,16 +21,18 @@ from typing import Any
 
 import torch
 
-from accel.sim import cuda_memory, cuda_shapes, cuda_state
 from accel.sim.core import device_rules, torch_internals
 from accel.sim.core.wrapper import WrapperTensor
+from accel.sim.cuda import memory as cuda_memory
+from accel.sim.cuda import shapes as cuda_shapes
+from accel.sim.cuda import state as cuda_state
 
 aten = torch.ops.aten
 _make_wrapper = torch_internals.make_wrapper
 #: the simulated GPUs' allocators (empty when memory is not counted): every new storage is counted
 _COUNTING = cuda_memory.counting_list()
 _track = cuda_memory.track
-#: [True] while simulated GPUs hold shapes only (`accel.sim.cuda_shapes`)
+#: [True] while simulated GPUs hold shapes only (`accel.sim.cuda.shapes`)
 _SHAPES = cuda_shapes.state()
 
 #: the C++ devices under the simulated GPUs (filled when the GPUs are installed)

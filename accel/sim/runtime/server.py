@@ -22,7 +22,7 @@ after the other and by the `pytest -n N` workers of a session, on these terms:
   for them: when it closes (the session ended, crashed or was killed) the server kills
   those still running (their whole process groups). Ranks die with the server (parent-death
   signal). The server itself exits after `IDLE_TIMEOUT` seconds without clients
-  (``ACCEL_SIM_SERVER_IDLE``), or when told to (``python -m accel.sim.server stop``).
+  (``ACCEL_SIM_SERVER_IDLE``), or when told to (``python -m accel.sim.runtime.server stop``).
 - **Exit statuses.** The server reaps its ranks and writes each one's exit code to a pipe
   the client holds (the rank's sentinel), so that deaths and signals are reported as
   before.
@@ -31,7 +31,7 @@ The protocol (one stream connection per client, length-prefixed pickles of plain
 descriptors passed alongside with SCM_RIGHTS): ``("hello", key)`` -> ``("ok", pid)`` or
 ``("refused", why)``; ``("fork", config)`` with the rank's connection and the write end of
 its status pipe -> ``("forked", pid)`` or ``("error", text)``; ``("kill", pid)``; ``("stop",)``.
-Client side: `accel.sim.forking`.
+Client side: `accel.sim.runtime.forking`.
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ class Server:
                 os.close(fd)
             from multiprocessing.connection import Connection
 
-            from accel.sim import entry
+            from accel.sim.runtime import entry
 
             entry.rank_main(config, Connection(conn_fd))
             code = 0
@@ -379,7 +379,7 @@ def _unsafe_threads(native_at_start: int) -> str:
 
 
 def serve(listener_fd: int, path: str, key: str, preload: list[str], idle: float) -> None:
-    """Run a server on an already bound and listening socket (started by `accel.sim.forking`)."""
+    """Run a server on an already bound and listening socket (started by `accel.sim.runtime.forking`)."""
     listener = socket.socket(fileno=listener_fd)
     for name in preload:
         importlib.import_module(name)
@@ -396,7 +396,7 @@ def serve(listener_fd: int, path: str, key: str, preload: list[str], idle: float
 
 def serve_session(conn: socket.socket, preload: list[str], fresh: dict[str, Any]) -> None:
     """In a child the session's own process forked once it had imported torch
-    (`accel.sim.forking.fork_session_server`): serve that session alone, then exit.
+    (`accel.sim.runtime.forking.fork_session_server`): serve that session alone, then exit.
 
     The child leaves behind what the session's process had set up for itself (its
     standard streams, signal handlers, logging handlers, warning filters, import hooks,
@@ -445,7 +445,7 @@ def _leave_session_state(fresh: dict[str, Any]) -> None:
     # Other descriptors stay open: objects of modules imported before the fork may hold them
     # (closing them under their feet hung simulated NCCL groups). Whatever they are (pytest's
     # saved stdout included), they close when the session's server and ranks exit, which is
-    # before the session does (`accel.sim.forking.end_session`), or with it.
+    # before the session does (`accel.sim.runtime.forking.end_session`), or with it.
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(logging.WARNING)
@@ -506,9 +506,9 @@ def stop_all(directory: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m accel.sim.server", description="accel's rank server")
+    parser = argparse.ArgumentParser(prog="python -m accel.sim.runtime.server", description="accel's rank server")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("serve", help="(started by accel.sim.forking)")
+    run = commands.add_parser("serve", help="(started by accel.sim.runtime.forking)")
     run.add_argument("--fd", type=int, required=True)
     run.add_argument("--path", required=True)
     run.add_argument("--key", required=True)
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> None:
     commands.add_parser("stop", help="stop this user's rank servers (their ranks too)")
     args = parser.parse_args(argv)
     if args.command == "stop":
-        from accel.sim import forking
+        from accel.sim.runtime import forking
 
         print(f"asked {stop_all(forking.server_directory())} rank server(s) to stop")
         return

@@ -1,6 +1,6 @@
 """What simulated ranks print, relayed live to the parent's terminal.
 
-Ranks write to per-rank files (see `accel.sim.worker`); the parent reads what is new
+Ranks write to per-rank files (see `accel.sim.runtime.worker`); the parent reads what is new
 every few milliseconds and hands it to an `OutputRelay`, which writes it on the
 parent's stdout/stderr:
 

@@ -12,7 +12,7 @@ import collections
 import os
 import threading
 
-from accel.sim.pool import MAX_WARM_RANKS, START_TIMEOUT, RankPool
+from accel.sim.runtime.pool import MAX_WARM_RANKS, START_TIMEOUT, RankPool
 
 
 class PoolManager:

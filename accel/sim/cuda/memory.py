@@ -16,7 +16,7 @@ resizes), and just after the host kernel ran otherwise (its result is dropped at
 What a GPU spends outside these counters is outside them here too, and taken off the card's
 free memory (`mem_get_info`, out-of-memory): the CUDA context, the kernels loaded at the first
 launch, cuBLAS's own memory and each NCCL communicator's, in the amounts a real H200 showed. cuBLAS workspaces come
-from the allocator on a GPU, and here (`accel.sim.cuda_blas`).
+from the allocator on a GPU, and here (`accel.sim.cuda.blas`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from accel.sim.core import torch_internals
-from accel.sim.gpu_models import GpuModel
+from accel.sim.cuda.gpu_models import GpuModel
 
 K_MIN_BLOCK = 512
 K_SMALL_SIZE = 1 << 20

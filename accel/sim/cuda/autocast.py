@@ -12,10 +12,10 @@ the same dtype. Only simulated CUDA tensors are cast, as CUDA's autocast only ca
 
 from __future__ import annotations
 
-from accel.sim import cuda_state
 from accel.sim.core import torch_internals
 from accel.sim.core.autocast import Autocast
-from accel.sim.cuda_tensor import SimCudaTensor
+from accel.sim.cuda import state as cuda_state
+from accel.sim.cuda.tensor import SimCudaTensor
 
 AUTOCAST = Autocast("cuda", cuda_state.HIDDEN_DEVICE, SimCudaTensor)
 

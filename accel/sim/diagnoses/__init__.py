@@ -1,0 +1,1 @@
+"""The diagnoses: collective checks, deadlocks, failures and their stacks, injected faults."""
