@@ -362,7 +362,7 @@ def test_a_session_running_threads_does_not_fork_itself(pytester, monkeypatch, s
 def test_the_threads_torch_import_started_are_known_and_its_loader_is_its_own():
     code = (
         "import sys, threading\n"
-        "from accel.sim import forking\n"
+        "from accel.sim.runtime import forking\n"
         "forking.watch_torch_import()\n"
         "import torch\n"
         "assert forking._torch_threads == forking._native_threads() >= 1, forking._torch_threads\n"
