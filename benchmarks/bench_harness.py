@@ -8,8 +8,8 @@ measured side by side under the same load:
 - warm: the tests reuse the pool's ranks, with the collective check on (the default);
 - warm, check off: the same with ``ACCEL_SIM_CHECK_COLLECTIVES=0``: the difference is
   what the check's own exchange costs;
-- warm, check through the store: the check's signatures exchanged through the rendezvous
-  store (``ACCEL_SIM_CHECK_EXCHANGE=store``, as before the shared-memory exchange);
+- warm, check through shared memory: the check's signatures exchanged through a file the
+  ranks map (``ACCEL_SIM_CHECK_EXCHANGE=shm``, opt-in) instead of the rendezvous store;
 - isolated: each test declared `isolated=True`, which forks fresh ranks (a
   fork-per-launch runner), for scale. (In a session of their own: the killed ranks of
   one would otherwise slow the warm test after it.)
@@ -141,7 +141,7 @@ def main() -> None:
     args = parser.parse_args()
 
     unchecked = {**os.environ, "ACCEL_SIM_CHECK_COLLECTIVES": "0"}
-    through_store = {**os.environ, "ACCEL_SIM_CHECK_EXCHANGE": "store"}
+    through_store = {**os.environ, "ACCEL_SIM_CHECK_EXCHANGE": "shm"}  # (the "store" entry: the other exchange)
     kinds = {
         "warm": (False, dict(os.environ)),
         "unchecked": (False, unchecked),
@@ -186,8 +186,8 @@ def main() -> None:
         f"  (the check costs {warm - unchecked_ms:+.1f} ms; paired by round {statistics.median(check_pairs):+.1f} ms)"
     )
     print(
-        f"  warm ranks, check through the store       {store_ms:8.1f} ms  {_spread(medians['store'])}"
-        f"  (shared memory saves {store_ms - warm:+.1f} ms, ratio {warm / store_ms:.2f}; "
+        f"  warm ranks, check through shared memory   {store_ms:8.1f} ms  {_spread(medians['store'])}"
+        f"  (shared memory saves {warm - store_ms:+.1f} ms, ratio {store_ms / warm:.2f}; "
         f"paired by round {statistics.median(store_pairs):+.1f} ms)"
     )
     print(f"  fresh ranks per test (isolated=True)      {isolated_ms:8.1f} ms  ({isolated_ms / warm:.1f} x warm)")

@@ -251,8 +251,10 @@ def long_signatures_differ():
 
 
 @pytest.mark.parametrize("long_signatures", [1, 30])
-def test_the_check_goes_through_shared_memory_not_the_store(long_signatures):
+def test_the_check_goes_through_shared_memory_not_the_store(monkeypatch, long_signatures):
     from accel.sim import launch
+
+    monkeypatch.setenv("ACCEL_SIM_CHECK_EXCHANGE", "shm")  # opt-in (see accel.sim.diagnoses.collectives)
 
     results = launch(checked_collectives_and_store_keys, args=(long_signatures,), world_size=4)
     assert results == [(True, 0, [4.0, 4.0])] * 4

@@ -17,11 +17,11 @@ another (`all_gather_object` calls `all_gather`) counts once, as the outer one. 
   root, reduce op) under the group's sequence number and reads the others'. Different
   signatures raise `CollectiveMismatch` in every rank of the group, naming each rank's
   collective and the line of the user's code that called it. The signatures go through
-  memory the pool's ranks share (`_Exchange`: one slot per rank, peers woken with a
-  futex), so that a check costs no round trip to the rendezvous store and wakes no thread
-  of rank 0; where futexes cannot be called (not Linux on x86-64 or arm64) they go
-  through the rendezvous store. A mismatch's details (full signatures, where each was
-  called) always go through the store: only then are they needed.
+  the rendezvous store; with `ACCEL_SIM_CHECK_EXCHANGE=shm` they go through memory the
+  pool's ranks share instead (`_Exchange`: one slot per rank, peers woken with a futex;
+  Linux on x86-64 or arm64), which costs no round trip to the store but was once seen to
+  leave two ranks of four waiting in a full suite: opt-in until that is understood. A
+  mismatch's details (full signatures, where each was called) always go through the store.
 
 Why not torch's own checker (``TORCH_DISTRIBUTED_DEBUG=DETAIL``, the `ProcessGroupWrapper`
 of `dist._create_process_group_wrapper`)? It compares the same fingerprint (op, shapes,
@@ -410,7 +410,7 @@ _watch = _Watch()
 def install(workdir: str, rank: int) -> None:
     """Wrap torch.distributed's collectives in this rank process (once, at its start)."""
     _watch.rank = rank
-    if _SYS_FUTEX is not None and os.environ.get("ACCEL_SIM_CHECK_EXCHANGE", "shm") != "store":
+    if _SYS_FUTEX is not None and os.environ.get("ACCEL_SIM_CHECK_EXCHANGE", "store") == "shm":
         _watch.exchange = _Exchange(os.path.join(workdir, "check.shm"), rank, dist.get_world_size())
     path = board_path(workdir, rank)
     with open(path, "wb") as handle:
