@@ -221,23 +221,29 @@ def test_decorator_refuses_bad_faults_and_check_values():
 # -- the collective check's exchange (accel.sim.diagnoses.collectives) -----------------------------------
 
 
-def checked_collectives_and_store_keys(long_signatures):
-    """Agreeing collectives (short signatures, and long ones published as digests); the store's key
-    count before and after, and whether the shared-memory exchange carried them."""
+def checked_collectives_and_store_keys(long_signatures, path):
+    """Agreeing collectives (short signatures, and long ones published as digests) with the check's
+    signatures through a shared-memory exchange at `path` (installed here: a warm pool's ranks may have
+    started with the store's); the store's key count before and after."""
     import torch
     import torch.distributed as dist
 
     from accel.sim.diagnoses import collectives
 
     watch = collectives._watch
-    before = watch._store().num_keys()
-    for _ in range(20):
-        value = torch.ones(2)
-        dist.all_reduce(value)
-    outputs = [torch.zeros(3) for _ in range(long_signatures)]
-    dist.all_reduce_coalesced(outputs)
-    dist.barrier()
-    return watch.exchange is not None, watch._store().num_keys() - before, value.tolist()
+    kept = watch.exchange
+    watch.exchange = collectives._Exchange(path, dist.get_rank(), dist.get_world_size())
+    try:
+        before = watch._store().num_keys()
+        for _ in range(20):
+            value = torch.ones(2)
+            dist.all_reduce(value)
+        outputs = [torch.zeros(3) for _ in range(long_signatures)]
+        dist.all_reduce_coalesced(outputs)
+        dist.barrier()
+        return watch._store().num_keys() - before, value.tolist()
+    finally:
+        watch.exchange = kept
 
 
 def long_signatures_differ():
@@ -251,13 +257,15 @@ def long_signatures_differ():
 
 
 @pytest.mark.parametrize("long_signatures", [1, 30])
-def test_the_check_goes_through_shared_memory_not_the_store(monkeypatch, long_signatures):
+def test_the_check_goes_through_shared_memory_not_the_store(tmp_path, long_signatures):
     from accel.sim import launch
+    from accel.sim.diagnoses.collectives import _SYS_FUTEX
 
-    monkeypatch.setenv("ACCEL_SIM_CHECK_EXCHANGE", "shm")  # opt-in (see accel.sim.diagnoses.collectives)
-
-    results = launch(checked_collectives_and_store_keys, args=(long_signatures,), world_size=4)
-    assert results == [(True, 0, [4.0, 4.0])] * 4
+    if _SYS_FUTEX is None:
+        pytest.skip("no futex(2) on this machine: the check goes through the store")
+    path = str(tmp_path / "check.shm")
+    results = launch(checked_collectives_and_store_keys, args=(long_signatures, path), world_size=4)
+    assert results == [(0, [4.0, 4.0])] * 4
 
 
 @pytest.mark.parametrize("exchange", ["shm", "store"])
