@@ -265,7 +265,10 @@ def test_the_check_goes_through_shared_memory_not_the_store(tmp_path, long_signa
         pytest.skip("no futex(2) on this machine: the check goes through the store")
     path = str(tmp_path / "check.shm")
     results = launch(checked_collectives_and_store_keys, args=(long_signatures, path), world_size=4)
-    assert results == [(0, [4.0, 4.0])] * 4
+    # no key added by the check (through the store, each rank adds its own); the count may drop meanwhile:
+    # the ranks drop the store keys of the task before in the background
+    assert [values for _, values in results] == [[4.0, 4.0]] * 4
+    assert all(added <= 0 for added, _ in results), results
 
 
 @pytest.mark.parametrize("exchange", ["shm", "store"])
