@@ -146,6 +146,19 @@ def remove_hook_from_submodules(module: nn.Module) -> None:
     remove_hook_from_module(module, recurse=True)
 
 
+def _names_a_device(*args: Any, **kwargs: Any) -> bool:
+    """Whether `Module.to(*args, **kwargs)` names a device (`Module.to`'s device is not None).
+
+    Read from `Module.to`'s documented forms, with public types only: `to(device=None,
+    dtype=None, non_blocking=False)`, `to(dtype, non_blocking=False)`, `to(tensor,
+    non_blocking=False)` (the tensor's device), `to(memory_format=...)`; each argument may
+    also be given by name. Arguments torch refuses are left for the move itself to refuse.
+    """
+    if kwargs.get("device") is not None or isinstance(kwargs.get("tensor"), torch.Tensor):
+        return True
+    return bool(args) and args[0] is not None and not isinstance(args[0], torch.dtype)
+
+
 class WarnOnMove:
     """`model.to` / `model.cuda` of a dispatched model: warns that moving it bypasses its hooks, and refuses
     while some weights are offloaded (on the meta device)."""
@@ -160,9 +173,7 @@ class WarnOnMove:
 
         moving = True
         if getattr(self.move, "__name__", "") == "to":
-            from accel.sim.core.torch_internals import parse_to  # the one home of private torch APIs
-
-            moving = parse_to(*args, **kwargs)[0] is not None
+            moving = _names_a_device(*args, **kwargs)
         if moving:
             # Accelerate's words and logger name (users' tests look for them)
             logging.getLogger("accel.big_modeling").warning(
