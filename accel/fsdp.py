@@ -40,6 +40,10 @@ from accel.utils.constants import FSDP_MODEL_NAME
 #: Accelerate's folder and file name of an optimizer's state in a checkpoint of FSDP models (with FSDP_MODEL_NAME)
 OPTIMIZER_NAME = "optimizer"
 
+#: (file and folder name, key inside its distributed checkpoint) of a model's and of an optimizer's state
+_MODEL_PLACE = (FSDP_MODEL_NAME, "model")
+_OPTIMIZER_PLACE = (OPTIMIZER_NAME, "optimizer")
+
 FSDP1_REFUSED = (
     "FullyShardedDataParallelPlugin(fsdp_version=1) asks for FSDP1 (the FullyShardedDataParallel wrapper), which accel "
     "does not run: PyTorch deprecates it in favour of FSDP2 (fully_shard). Pass fsdp_version=2 (or launch with "
@@ -306,80 +310,90 @@ class FSDP2Strategy:
 
         return bool(self.plugin.state_dict_type == StateDictType.FULL_STATE_DICT)
 
+    def _write(self, accelerator: Any, state: Any, output_dir: str, place: tuple[str, str], index: int) -> None:
+        """Write one model's or optimizer's `state` into `output_dir` in Accelerate's FSDP layout.
+
+        `place` is (name, key): a full state dict goes to `name.bin` (`name_{index}.bin` past the
+        first), written by rank 0; a sharded one to the distributed checkpoint `name_{index}/`,
+        holding the state under `key`.
+        """
+        import torch.distributed.checkpoint as dcp
+
+        name, key = place
+        if self._is_full():
+            if accelerator.process_index == 0:
+                torch.save(state, os.path.join(output_dir, f"{name}.bin" if index == 0 else f"{name}_{index}.bin"))
+            return
+        folder = os.path.join(output_dir, f"{name}_{index}")
+        os.makedirs(folder, exist_ok=True)
+        dcp.save({key: state}, storage_writer=dcp.FileSystemWriter(folder))
+
+    def _read_state(
+        self,
+        accelerator: Any,
+        options: Any,
+        input_dir: str,
+        place: tuple[str, str],
+        index: int,
+        empty: Callable[[], Any],
+    ) -> Any:
+        """Read back what `_write` wrote at `place`.
+
+        A full state dict is read by rank 0 only when it is broadcast from there (the others get
+        `{}`); a sharded one is loaded into `empty()`, the model's or optimizer's own state dict.
+        """
+        import torch.distributed.checkpoint as dcp
+
+        name, key = place
+        if self._is_full():
+            reads = accelerator.process_index == 0 or not options.broadcast_from_rank0
+            path = os.path.join(input_dir, f"{name}.bin" if index == 0 else f"{name}_{index}.bin")
+            return _read(path) if reads else {}
+        folder = os.path.join(input_dir, f"{name}_{index}")
+        if not os.path.isdir(folder) and os.path.isfile(os.path.join(input_dir, ".metadata")):
+            folder = input_dir  # Accelerate also takes the distributed checkpoint's folder itself
+        holder = {key: empty()}
+        dcp.load(holder, storage_reader=dcp.FileSystemReader(_existing(folder)))
+        return holder[key]
+
     def save_model(self, accelerator: Any, model: nn.Module, output_dir: str, index: int = 0) -> None:
         """Write `model`'s state into `output_dir` in Accelerate's FSDP layout (the model's `index`-th place)."""
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         os.makedirs(output_dir, exist_ok=True)
         state = get_model_state_dict(model, options=self._options(accelerator.num_processes))
-        if self._is_full():
-            if accelerator.process_index == 0:
-                name = f"{FSDP_MODEL_NAME}.bin" if index == 0 else f"{FSDP_MODEL_NAME}_{index}.bin"
-                torch.save(state, os.path.join(output_dir, name))
-            return
-        folder = os.path.join(output_dir, f"{FSDP_MODEL_NAME}_{index}")
-        os.makedirs(folder, exist_ok=True)
-        dcp.save({"model": state}, storage_writer=dcp.FileSystemWriter(folder))
+        self._write(accelerator, state, output_dir, _MODEL_PLACE, index)
 
     def save_optimizer(
         self, accelerator: Any, optimizer: Any, model: nn.Module, output_dir: str, index: int = 0
     ) -> None:
         """Write `optimizer`'s state (over `model`'s sharded parameters) into `output_dir` in Accelerate's layout."""
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         os.makedirs(output_dir, exist_ok=True)
         options = self._options(accelerator.num_processes)
         state: Any = get_optimizer_state_dict(model, _inner(optimizer), options=options)
-        if self._is_full():
-            if accelerator.process_index == 0:
-                name = f"{OPTIMIZER_NAME}.bin" if index == 0 else f"{OPTIMIZER_NAME}_{index}.bin"
-                torch.save(state, os.path.join(output_dir, name))
-            return
-        folder = os.path.join(output_dir, f"{OPTIMIZER_NAME}_{index}")
-        os.makedirs(folder, exist_ok=True)
-        dcp.save({"optimizer": state}, storage_writer=dcp.FileSystemWriter(folder))
+        self._write(accelerator, state, output_dir, _OPTIMIZER_PLACE, index)
 
     def load_model(self, accelerator: Any, model: nn.Module, input_dir: str, index: int = 0) -> None:
         """Restore `model` from what `save_model` (or Accelerate's `save_fsdp_model`) wrote in `input_dir`."""
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
         options = self._options(accelerator.num_processes)
-        if self._is_full():
-            reads = accelerator.process_index == 0 or not options.broadcast_from_rank0
-            name = f"{FSDP_MODEL_NAME}.bin" if index == 0 else f"{FSDP_MODEL_NAME}_{index}.bin"
-            state = _read(os.path.join(input_dir, name)) if reads else {}
-        else:
-            folder = os.path.join(input_dir, f"{FSDP_MODEL_NAME}_{index}")
-            if not os.path.isdir(folder) and os.path.isfile(os.path.join(input_dir, ".metadata")):
-                folder = input_dir  # Accelerate also takes the distributed checkpoint's folder itself
-            wrapped = {"model": get_model_state_dict(model, options=options)}
-            dcp.load(wrapped, storage_reader=dcp.FileSystemReader(_existing(folder)))
-            state = wrapped["model"]
+        empty = functools.partial(get_model_state_dict, model, options=options)
+        state = self._read_state(accelerator, options, input_dir, _MODEL_PLACE, index, empty)
         set_model_state_dict(model, state, options=options)
 
     def load_optimizer(
         self, accelerator: Any, optimizer: Any, model: nn.Module, input_dir: str, index: int = 0
     ) -> None:
         """Restore `optimizer` from what `save_optimizer` (or Accelerate's `save_fsdp_optimizer`) wrote."""
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
         options = self._options(accelerator.num_processes)
         inner = _inner(optimizer)
-        if self._is_full():
-            reads = accelerator.process_index == 0 or not options.broadcast_from_rank0
-            name = f"{OPTIMIZER_NAME}.bin" if index == 0 else f"{OPTIMIZER_NAME}_{index}.bin"
-            state = _read(os.path.join(input_dir, name)) if reads else {}
-        else:
-            folder = os.path.join(input_dir, f"{OPTIMIZER_NAME}_{index}")
-            if not os.path.isdir(folder) and os.path.isfile(os.path.join(input_dir, ".metadata")):
-                folder = input_dir
-            holder: Any = {"optimizer": get_optimizer_state_dict(model, inner, options=options)}
-            dcp.load(holder, storage_reader=dcp.FileSystemReader(_existing(folder)))
-            state = holder["optimizer"]
+        empty = functools.partial(get_optimizer_state_dict, model, inner, options=options)
+        state = self._read_state(accelerator, options, input_dir, _OPTIMIZER_PLACE, index, empty)
         if self._is_full() and not _saved_any_state(state, broadcast=bool(options.broadcast_from_rank0)):
             # An optimizer without per-parameter state (plain SGD): torch's loader needs a tensor to place
             # the state by; only the groups' hyperparameters are there to restore.
