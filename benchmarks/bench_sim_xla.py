@@ -16,8 +16,8 @@ pairs and ranks). The fp32 losses of the two copies are compared: they must be e
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+
+import _side_by_side as sbs
 
 
 def _step_timer(on_tpu: bool, width: int, layers: int, batch: int, group):  # type: ignore[no-untyped-def]
@@ -26,20 +26,13 @@ def _step_timer(on_tpu: bool, width: int, layers: int, batch: int, group):  # ty
     import torch_xla
     import torch_xla.core.xla_model as xm
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
     device = torch_xla.device() if on_tpu else torch.device("cpu")
-    blocks: list[torch.nn.Module] = []
-    size = width
-    for _ in range(layers):
-        blocks += [torch.nn.Linear(size, width), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*blocks, torch.nn.Linear(width, 1)).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, width, generator=generator).to(device)
-    y = torch.randn(batch, 1, generator=generator).to(device)
+    model, optimizer, x, y = sbs.mlp(device, width, layers, batch)
     world = dist.get_world_size()
-    losses: list[float] = []
+
+    def tpu_step() -> None:
+        xm.optimizer_step(optimizer)
+        torch_xla.sync()
 
     def cpu_step() -> None:
         # as xm.optimizer_step reduces the gradients: one flat all-reduce, scaled, copied back
@@ -54,23 +47,7 @@ def _step_timer(on_tpu: bool, width: int, layers: int, batch: int, group):  # ty
                 offset += g.numel()
         optimizer.step()
 
-    def run(steps: int) -> float:
-        # CPU time of this process (torch on one thread): on a loaded machine it measures
-        # the work done, which wall time does not
-        start = time.process_time()
-        for _ in range(steps):
-            optimizer.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            if on_tpu:
-                xm.optimizer_step(optimizer)
-                torch_xla.sync()
-            else:
-                cpu_step()
-            losses.append(loss.item())
-        return time.process_time() - start
-
-    return run, losses
+    return sbs.step_timer(model, optimizer, x, y, tpu_step if on_tpu else cpu_step)
 
 
 def side_by_side(width: int, layers: int, batch: int, steps: int, rounds: int) -> dict:
@@ -83,41 +60,19 @@ def side_by_side(width: int, layers: int, batch: int, steps: int, rounds: int) -
     gloo = dist.new_group(backend="gloo")
     tpu_run, tpu_losses = _step_timer(True, width, layers, batch, gloo)
     cpu_run, cpu_losses = _step_timer(False, width, layers, batch, gloo)
-    tpu_run(3), cpu_run(3)  # warm-up
-    pairs = []
-    for _ in range(rounds):
-        tpu_time, cpu_time = tpu_run(steps), cpu_run(steps)
-        pairs.append((tpu_time / steps, cpu_time / steps))
+    pairs = sbs.interleave(tpu_run, cpu_run, steps, rounds)
     return {"pairs": pairs, "equal_losses": tpu_losses == cpu_losses}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=7)
+    sbs.add_arguments(parser)
     args = parser.parse_args()
     from accel.sim import launch
 
-    shape = (args.width, args.layers, args.batch, args.steps, args.rounds)
-    results = launch(side_by_side, args=shape, world_size=args.ranks, device="xla", timeout=600)
-    ratios = [tpu / cpu for result in results for tpu, cpu in result["pairs"]]
-    tpu_ms = statistics.median(tpu for result in results for tpu, _ in result["pairs"]) * 1e3
-    cpu_ms = statistics.median(cpu for result in results for _, cpu in result["pairs"]) * 1e3
-    print(
-        f"MLP {args.layers}x{args.width}, batch {args.batch}, AdamW; {args.ranks} simulated TPU cores, "
-        f"{args.rounds} rounds of {args.steps} steps, interleaved"
-    )
-    print(f"  step on simulated xla (optimizer_step + sync): {tpu_ms:.3f} ms (median)")
-    print(f"  step on cpu, same rank (all_reduce + step)   : {cpu_ms:.3f} ms (median)")
-    print(
-        f"  ratio simulated xla / cpu: {statistics.median(ratios):.2f}x "
-        f"(range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} pairs; target <= 2x)"
-    )
-    print(f"  fp32 losses equal on xla and cpu: {all(result['equal_losses'] for result in results)}")
+    results = launch(side_by_side, args=sbs.shape(args), world_size=args.ranks, device="xla", timeout=600)
+    labels = ("step on simulated xla (optimizer_step + sync)", "step on cpu, same rank (all_reduce + step)   ")
+    sbs.report(args, results, "xla", "simulated TPU cores", labels)
 
 
 if __name__ == "__main__":
