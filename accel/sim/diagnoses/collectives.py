@@ -23,6 +23,10 @@ another (`all_gather_object` calls `all_gather`) counts once, as the outer one. 
   leave two ranks of four waiting in a full suite: opt-in until that is understood. A
   mismatch's details (full signatures, where each was called) always go through the store.
 
+A step every rank of a group must reach together that is not a collective of its own
+(the simulated TPU's `xm` collectives creating their replica groups) goes through
+`joint_step`: shown on the board and checked as a collective of that group.
+
 Why not torch's own checker (``TORCH_DISTRIBUTED_DEBUG=DETAIL``, the `ProcessGroupWrapper`
 of `dist._create_process_group_wrapper`)? It compares the same fingerprint (op, shapes,
 dtypes, sequence number) but wraps C++ backends only, so the simulated GPU's Python
@@ -45,7 +49,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -55,6 +59,8 @@ from accel.sim.core import torch_internals
 from accel.sim.diagnoses import faults
 from accel.sim.diagnoses.deadlock import BOARD_SIZE, board_path, ranges
 from accel.sim.diagnoses.failures import CollectiveMismatch
+
+T = TypeVar("T")
 
 #: seconds a rank waits for its peers' signatures before giving up (the parent's
 #: deadlock check and the task's timeout usually end the wait much earlier); the
@@ -306,6 +312,28 @@ class _Watch:
         finally:
             self._idle()
 
+    def joint_step(self, name: str, group: Any, signature: str, step: Callable[[], T]) -> T:
+        """`step()` watched as a collective of `group` named `name`: see `joint_step` (the module's)."""
+        if self.depth:
+            return step()  # inside a watched collective: that one is on the board
+        self.depth += 1
+        try:
+            self.calls += 1
+            ranks, group_name = _group_of(group)
+            channel = _channel("barrier", {}, (), {}, group, group_name)  # no tensor: the object channel
+            seq = self.sequences.get(channel, 0) + 1
+            self.sequences[channel] = seq
+            # Numbered as the collective it prepares (not counted itself: faults count as before).
+            self._waiting(name, ranks, channel, seq, count=self.count + 1)
+            try:
+                if self.check and len(ranks) > 1:
+                    self._check_signature(name, signature, ranks, channel, seq)
+                return step()
+            finally:
+                self._idle()
+        finally:
+            self.depth -= 1
+
     def _check(
         self,
         name: str,
@@ -316,7 +344,9 @@ class _Watch:
         group_name: str,
         seq: int,
     ) -> None:
-        signature = _signature(name, index, args, kwargs)
+        self._check_signature(name, _signature(name, index, args, kwargs), ranks, group_name, seq)
+
+    def _check_signature(self, name: str, signature: str, ranks: list[int], group_name: str, seq: int) -> None:
         key = f"{group_name}/{seq}/"
         peers = [rank for rank in ranks if rank != self.rank]
         timed_out: BaseException | None = None
@@ -378,7 +408,7 @@ class _Watch:
 
     # -- the board the parent reads -----------------------------------------------------
 
-    def _waiting(self, name: str, ranks: list[int], group_name: str = "", seq: int = 0) -> None:
+    def _waiting(self, name: str, ranks: list[int], group_name: str = "", seq: int = 0, count: int = 0) -> None:
         if self.board is None:
             return
         # `seqs`: how many collectives this rank entered per group in this task; the board
@@ -387,7 +417,7 @@ class _Watch:
         board = {
             "task": self.task,
             "op": name,
-            "count": self.count,
+            "count": count or self.count,
             "call": self.calls,
             "ranks": ranks,
             "group": group_name,
@@ -435,6 +465,21 @@ def begin_task(task: int, check: bool) -> None:
 def end_task() -> None:
     """The task is over (whatever its outcome)."""
     _watch.end()
+
+
+def joint_step(name: str, group: Any, signature: str, step: Callable[[], T]) -> T:
+    """`step()`, which every rank of `group` must reach, watched as a collective of `group` named `name`.
+
+    For what a collective does before it runs and all ranks must do together, such as
+    creating its process groups (`dist.new_group` waits in the new group's rendezvous
+    for every rank of the job, and is not a collective the wrapper sees): the board shows
+    the rank waiting in `name` on `group` (numbered as the collective it prepares), so a
+    step some ranks never reach is reported as a deadlock at once, and the check compares
+    `signature` with what the other ranks of `group` call there. It is not counted as a
+    collective (faults fire at the collective it prepares). Outside a simulated rank it
+    just runs `step()`.
+    """
+    return _watch.joint_step(name, group, signature, step)
 
 
 def forget_finished_tasks() -> None:

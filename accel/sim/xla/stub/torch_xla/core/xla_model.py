@@ -199,10 +199,11 @@ def _alone() -> bool:
     return runtime.world_size() == 1 and not xu.getenv_as("XLA_ALWAYS_ALLREDUCE", bool, False)
 
 
-def _group(groups: Sequence[Sequence[int]] | None) -> Any:
+def _group(groups: Sequence[Sequence[int]] | None, op: str) -> Any:
+    """The process group of xm's collective `op` over `groups` (made by the first `op` that needs it)."""
     from torch_xla.distributed import xla_backend
 
-    return xla_backend.sub_group(groups) if groups else xla_backend.replica_group()
+    return xla_backend.sub_group(groups, op) if groups else xla_backend.replica_group(op)
 
 
 def _group_size(groups: Sequence[Sequence[int]] | None) -> int:
@@ -261,7 +262,7 @@ def all_reduce(
         return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs
     tensors: list[torch.Tensor] = [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
     _check_xla(tensors)
-    group = _group(groups)
+    group = _group(groups, "all_reduce")
     with torch.no_grad():
         if isinstance(inputs, torch.Tensor):
             result = inputs.clone()
@@ -279,7 +280,7 @@ def _gather_tensor(value: torch.Tensor, dim: int, groups: list[list[int]] | None
     _check_xla([value])
     value = value.contiguous()
     parts = [torch.empty_like(value) for _ in range(_group_size(groups))]
-    dist.all_gather(parts, value, group=_group(groups))
+    dist.all_gather(parts, value, group=_group(groups, "all_gather"))
     return torch.cat(parts, dim=dim)
 
 
@@ -293,28 +294,36 @@ def all_gather(
     use_global_device_ids: bool | None = None,
 ) -> Any:
     """Concatenate every replica's `value` along `dim` (a list of tensors: each one, with `pin_layout=False`)."""
+    if _is_tensor_list(value) and pin_layout:
+        raise RuntimeError("For xm.all_gather with list of tensors input, pin_layout=True is not yet supported.")
+    return _each_into_output("value", value, output, lambda v: _gather_tensor(v, dim, groups))
+
+
+def _is_tensor_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value)
+
+
+def _each_into_output(name: str, value: Any, output: Any, collective: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`collective` of a tensor `value`, or of each tensor of a list (a list of results), as torch_xla's
+    `all_gather` / `reduce_scatter`: with `output` (a tensor, or a list as long), written there and returned."""
     if isinstance(value, torch.Tensor):
-        result = _gather_tensor(value, dim, groups)
+        outputs, inputs = [output], [value]
+    elif _is_tensor_list(value):
         if output is not None:
-            with torch.no_grad():
-                output.copy_(result)
-            return output
-        return result
-    if isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value):
-        if pin_layout:
-            raise RuntimeError("For xm.all_gather with list of tensors input, pin_layout=True is not yet supported.")
-        results = [_gather_tensor(v, dim, groups) for v in value]
-        if output is not None:
-            if not isinstance(output, list) or any(not isinstance(v, torch.Tensor) for v in output):
+            if not _is_tensor_list(output):
                 raise TypeError(f"`output` needs to be a list of Tensors, but given {type(output)}.")
             if len(output) != len(value):
                 raise ValueError(f"`output` length doesn't match `input` length: {len(output)} vs {len(value)}.")
-            with torch.no_grad():
-                for out, result in zip(output, results, strict=True):
-                    out.copy_(result)
-            return output
-        return results
-    raise TypeError(f"`value` needs to be a Tensor or a list of Tensors, but given {type(value)}.")
+        outputs, inputs = output, value
+    else:
+        raise TypeError(f"`{name}` needs to be a Tensor or a list of Tensors, but given {type(value)}.")
+    results = [collective(v) for v in inputs]
+    if output is None:
+        return results[0] if isinstance(value, torch.Tensor) else results
+    with torch.no_grad():
+        for out, result in zip(outputs, results, strict=True):
+            out.copy_(result)
+    return output
 
 
 def _reduce_scatter_tensor(
@@ -340,7 +349,7 @@ def _reduce_scatter_tensor(
             _check_xla([value])
             moved = value.movedim(scatter_dim, 0).contiguous()
             out = torch.empty((moved.size(0) // shard_count, *moved.shape[1:]), dtype=value.dtype, device=value.device)
-            dist.reduce_scatter_tensor(out, moved, op=op, group=_group(groups))
+            dist.reduce_scatter_tensor(out, moved, op=op, group=_group(groups, "reduce_scatter"))
             result = out.movedim(0, scatter_dim)
         if scale != 1.0:
             result = result * (scale if result.is_floating_point() or result.is_complex() else int(scale))
@@ -361,27 +370,9 @@ def reduce_scatter(
 ) -> Any:
     """Reduce across replicas, then give each replica its shard of `scatter_dim` (scaled by `scale`)."""
     op = _reduce_op(reduce_type)
-    if isinstance(input, torch.Tensor):
-        result = _reduce_scatter_tensor(op, input, scale, scatter_dim, shard_count, groups)
-        if output is not None:
-            with torch.no_grad():
-                output.copy_(result)
-            return output
-        return result
-    if isinstance(input, list) and all(isinstance(v, torch.Tensor) for v in input):
-        if output is not None:
-            if not isinstance(output, list) or any(not isinstance(v, torch.Tensor) for v in output):
-                raise TypeError(f"`output` needs to be a list of Tensors, but given {type(output)}.")
-            if len(output) != len(input):
-                raise ValueError(f"`output` length doesn't match `input` length: {len(output)} vs {len(input)}.")
-        results = [_reduce_scatter_tensor(op, v, scale, scatter_dim, shard_count, groups) for v in input]
-        if output is not None:
-            with torch.no_grad():
-                for out, result in zip(output, results, strict=True):
-                    out.copy_(result)
-            return output
-        return results
-    raise TypeError(f"`input` needs to be a Tensor or a list of Tensors, but given {type(input)}.")
+    return _each_into_output(
+        "input", input, output, lambda v: _reduce_scatter_tensor(op, v, scale, scatter_dim, shard_count, groups)
+    )
 
 
 def all_to_all(
@@ -408,7 +399,7 @@ def all_to_all(
             _check_xla([value])
             sent = torch.stack([p.contiguous() for p in pieces]).contiguous()
             received = torch.empty_like(sent)
-            dist.all_to_all_single(received, sent, group=_group(groups))
+            dist.all_to_all_single(received, sent, group=_group(groups, "all_to_all"))
             pieces = list(received.unbind(0))
         return torch.cat(pieces, dim=concat_dimension)
 
@@ -433,7 +424,7 @@ def collective_permute(value: torch.Tensor, pairs: list[list[int]]) -> torch.Ten
             _check_xla([value])
             contiguous = value.contiguous()
             parts = [torch.empty_like(contiguous) for _ in range(world)]
-            dist.all_gather(parts, contiguous, group=_group(None))
+            dist.all_gather(parts, contiguous, group=_group(None, "collective_permute"))
         for source, target in zip(sources, targets, strict=True):
             if target == me:
                 return parts[source].clone()

@@ -34,6 +34,7 @@ _rendezvous = importlib.import_module("torch.distributed.rendezvous")
 import torch_xla._sim_state as _state  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
 from accel.sim.core import carried  # noqa: E402
+from accel.sim.diagnoses import collectives  # noqa: E402
 from accel.sim.xla import bridge  # noqa: E402
 
 BACKEND_NAME = "xla"
@@ -344,8 +345,11 @@ def _xla_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30)
 # -- the groups xm's collectives run on ----------------------------------------------------
 
 
-def replica_group() -> ProcessGroupXla:
-    """The "xla" group of every replica: the default group when it is one, else one made for xm (once)."""
+def replica_group(op: str = "new_group") -> ProcessGroupXla:
+    """The "xla" group of every replica: the default group when it is one, else one made for xm (once).
+
+    Making it is a step of the xm collective `op` that every replica must reach (see `sub_group`).
+    """
     if not dist.is_initialized():
         raise RuntimeError(
             "torch_xla (accel simulator): this rank has no process group to carry XLA collectives (the "
@@ -358,30 +362,50 @@ def replica_group() -> ProcessGroupXla:
     cached = _state.replica_group
     if cached is None or cached[0] is not default:
         # The script made a default group of another backend: XLA's collectives still span every replica.
-        _state.replica_group = cached = (default, dist.new_group(backend=BACKEND_NAME))
+        made = collectives.joint_step(
+            f"{op} with a new group of all replicas",
+            None,
+            f"{op} with a new {BACKEND_NAME!r} group of all replicas",
+            lambda: dist.new_group(backend=BACKEND_NAME),
+        )
+        _state.replica_group = cached = (default, made)
     group: ProcessGroupXla = cached[1]
     return group
 
 
-def sub_group(groups: Sequence[Sequence[int]]) -> ProcessGroupXla:
-    """This replica's group among the replica groups `groups` (which must split all replicas evenly)."""
+def sub_group(groups: Sequence[Sequence[int]], op: str = "new_group") -> ProcessGroupXla:
+    """This replica's group among the replica groups `groups` (which must split all replicas evenly).
+
+    The first xm collective `op` with these groups makes them, with every replica (torch's
+    rule for `dist.new_group`; on a TPU every replica runs a collective with replica
+    groups): that goes through the collective check as a step of `op` on the group of all
+    replicas, so replicas that do not all reach it are reported (a deadlock, or a
+    mismatch naming what the others called) instead of waiting in the new groups'
+    rendezvous until the store's timeout.
+    """
     world = xr.world_size()
     key = tuple(tuple(int(r) for r in g) for g in groups)
     members = sorted(r for g in key for r in g)
     if members != list(range(world)):
         raise ValueError(f"replica groups {[list(g) for g in key]} must name each of the {world} replicas exactly once")
-    base = replica_group()
+    base = replica_group(op)
     cached = _state.sub_groups.get(key)
     if cached is not None and cached[0] is base:
         return cached[1]
     me = xr.global_ordinal()
-    mine = None
-    for ranks in key:  # every replica creates every group, in the same order (torch's rule)
-        group = dist.new_group(ranks=list(ranks), backend=BACKEND_NAME)
-        if me in ranks:
-            mine = group
+
+    def make() -> ProcessGroupXla:
+        mine = None
+        for ranks in key:  # every replica creates every group, in the same order (torch's rule)
+            group = dist.new_group(ranks=list(ranks), backend=BACKEND_NAME)
+            if me in ranks:
+                mine = group
+        assert mine is not None  # every replica is in one of the groups (checked above)
+        return mine
+
+    listed = [list(g) for g in key]
+    mine = collectives.joint_step(f"{op} with new replica groups", base, f"{op} with new replica groups {listed}", make)
     _state.sub_groups[key] = (base, mine)
-    assert mine is not None  # every replica is in one of the groups (checked above)
     return mine
 
 
