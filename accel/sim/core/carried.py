@@ -5,20 +5,24 @@ group (the stand-in `torch_xla.distributed.xla_backend`) are both such groups: e
 checks its device's rules with its device's words, hands the host tensors under the
 device tensors (storage shared) to a `ProcessGroupGloo` of its own, and returns a finished
 work holding the caller's device tensors (the results are already in them). What they
-share is here; the checks, the reductions and the way each collective lays out its
-buffers are each device's own.
+share is here: the group and its Gloo, the carrying on host tensors (gathering, broadcasting,
+a contiguous copy written back), torch's older names of the collectives and coalesced calls
+made one after another; the checks, the reductions and the buffers' layouts are each device's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from accel.sim.core.torch_internals import completed_work
 
-__all__ = ["CarriedGroup", "PythonGroup", "completed_work", "given"]
+__all__ = ["CarriedGroup", "PythonGroup", "completed_work", "contiguous", "given"]
 
 #: the base class, typed loosely: torch's stubs declare its methods with overloads a
 #: Python process group does not need to repeat
@@ -47,12 +51,66 @@ class PythonGroup(_ProcessGroup):
         return getattr(self, "_group_desc", "")
 
 
+def _forwarding(name: str) -> Callable[..., Any]:
+    """A method that calls the group's method `name` with its arguments."""
+    return lambda self, *args: getattr(self, name)(*args)
+
+
 class CarriedGroup(PythonGroup):
     """A Python group whose collectives a Gloo group of its own (`_gloo`) carries, on the host tensors."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
         self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    # -- carrying, on host tensors (whatever their device's rules and layouts) ----------------
+
+    def _gathered(self, host: torch.Tensor, count: int | None = None) -> list[torch.Tensor]:
+        """Every member's `host`, in group rank order (`count` tensors: Gloo refuses another count than the size)."""
+        host = host.contiguous()
+        parts = [torch.empty_like(host) for _ in range(self.size() if count is None else count)]
+        self._gloo.allgather([parts], [host]).wait()
+        return parts
+
+    def _broadcast(self, host: torch.Tensor, root: int) -> None:
+        """Group rank `root`'s `host` into every member's, in place."""
+        options = dist.BroadcastOptions()
+        options.rootRank = root
+        with contiguous(host) as buffer:
+            self._gloo.broadcast([buffer], options).wait()
+
+    # -- torch 2.13 calls the collectives by their new names; these are the older ones ----------
+
+    _allgather_base = _forwarding("all_gather_single")
+    _reduce_scatter_base = _forwarding("reduce_scatter_single")
+    alltoall_base = _forwarding("all_to_all_single")
+    allgather_into_tensor_coalesced = _forwarding("all_gather_single_coalesced")
+    reduce_scatter_tensor_coalesced = _forwarding("reduce_scatter_single_coalesced")
+
+    # -- coalesced calls: one call after another (a device that checks them as one overrides) ------
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        for output, input in zip(outputs, inputs, strict=True):
+            self.all_gather_single(output, input, opts)
+        return completed_work(outputs)
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        for output, input in zip(outputs, inputs, strict=True):
+            self.reduce_scatter_single(output, input, opts)
+        return completed_work(outputs)
+
+
+@contextlib.contextmanager
+def contiguous(host: torch.Tensor) -> Iterator[torch.Tensor]:
+    """`host` as Gloo takes it: itself when contiguous, else a contiguous copy, written back into `host` after."""
+    buffer = host.contiguous()
+    yield buffer
+    if buffer is not host:
+        host.copy_(buffer)
 
 
 def given(opts: Any) -> tuple[Any, ...]:

@@ -502,9 +502,7 @@ class SimNcclGroup(CarriedGroup):
         # NCCL tells GPUs apart by their identity on the host, not by the index a process sees
         # (with CUDA_VISIBLE_DEVICES each rank may see only its own GPU, as "cuda:0")
         mine = torch.tensor([cuda_state.gpus().physical_of(index)], dtype=torch.int64)
-        everyone = [torch.empty_like(mine) for _ in range(self.size())]
-        self._gloo.allgather([everyone], [mine]).wait()
-        gpus = [int(t.item()) for t in everyone]
+        gpus = [int(t.item()) for t in self._gathered(mine)]
         for other in range(self.size()):
             for rank in range(other + 1, self.size()):
                 if gpus[rank] == gpus[other] and self.rank() in (rank, other):
@@ -607,9 +605,7 @@ class SimNcclGroup(CarriedGroup):
             _check_counts("all_gather", "output", parts, tensor, "copy misaligned slices of its buffer into them")
 
             def run() -> None:
-                pieces = [torch.empty_like(_flat(unwrap(tensor))) for _ in parts]
-                self._gloo.allgather([pieces], [_flat(unwrap(tensor))]).wait()
-                for part, piece in zip(parts, pieces, strict=True):
+                for part, piece in zip(parts, self._gathered(_flat(unwrap(tensor)), len(parts)), strict=True):
                     _movable(unwrap(part)).copy_(piece.view(part.shape))
 
             return self._run([outputs, inputs], run, outputs)
@@ -622,9 +618,7 @@ class SimNcclGroup(CarriedGroup):
         for root, part in enumerate(parts):
             target = _movable(unwrap(part))
             buffer = _flat(unwrap(tensor)).clone() if root == self.rank() else target.new_empty(target.numel())
-            options = dist.BroadcastOptions()
-            options.rootRank = root
-            self._gloo.broadcast([buffer], options).wait()
+            self._broadcast(buffer, root)
             target.copy_(buffer.view(target.shape))
 
     def allgather_coalesced(
@@ -636,8 +630,6 @@ class SimNcclGroup(CarriedGroup):
         self._route([output, input])
         self._check_gather(output, input)
         return self._run([output, input], lambda: self._gather_flat(unwrap(output), unwrap(input)), [output])
-
-    _allgather_base = all_gather_single
 
     def _check_gather(self, output: torch.Tensor, input: torch.Tensor) -> None:
         _check_tensor(input)
@@ -656,6 +648,7 @@ class SimNcclGroup(CarriedGroup):
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
+        # one NCCL group call: every pair checked before any runs (not carried's one call after another)
         self._route([outputs, inputs])
         pairs = list(zip(outputs, inputs, strict=True))
         for output, input in pairs:
@@ -666,8 +659,6 @@ class SimNcclGroup(CarriedGroup):
                 self._gather_flat(unwrap(output), unwrap(input))
 
         return self._run([outputs, inputs], run, outputs)
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         self._route([outputs, inputs])
@@ -708,8 +699,6 @@ class SimNcclGroup(CarriedGroup):
 
         return self._run([output, input], run, [output])
 
-    _reduce_scatter_base = reduce_scatter_single
-
     def _check_scatter(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> _Reduction:
         if input.dtype != output.dtype:
             raise TypeError("input tensor must be the same type as the output tensor.")
@@ -738,8 +727,6 @@ class SimNcclGroup(CarriedGroup):
                 self._scatter_flat(unwrap(output), how.contribution(_flat(unwrap(input)), copy=True), how, opts)
 
         return self._run([outputs, inputs], run, outputs)
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         return self._on_gloo("gather", (outputs, inputs), outputs, opts)
@@ -776,8 +763,6 @@ class SimNcclGroup(CarriedGroup):
             self._gloo.alltoall_base(received, sent, list(out_splits), list(in_splits)).wait()
 
         return self._run([output, input], run_uneven, [output])
-
-    alltoall_base = all_to_all_single
 
     def _check_splits(self, splits: list[int], tensor: torch.Tensor) -> None:
         # c10d's checkSplitSizes (NCCL's all_to_all_single with split sizes)

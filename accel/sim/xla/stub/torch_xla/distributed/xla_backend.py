@@ -8,7 +8,8 @@ XLA tensor. Got: CPUFloatType"), refuses `ReduceOp.AVG` / `BXOR` / `PREMUL_SUM` 
 torch_xla does, `all_to_all_single` without split sizes only, and its `barrier` waits for
 nothing. Every collective hands the tensors' host copies (`accel.sim.xla.bridge.to_host`,
 which share their storage) to a `ProcessGroupGloo` of its own and writes results in place
-(the group's Gloo, its name keeping and its work objects: `accel.sim.core.carried`).
+(the group's Gloo, the carrying on host tensors, torch's older names of the collectives and
+the coalesced ones: `accel.sim.core.carried`).
 
 `xm`'s collectives run over these groups too (`replica_group`, `sub_group`), through the
 public `torch.distributed` functions, so that the simulator's collective check and
@@ -26,7 +27,7 @@ from urllib.parse import parse_qs, urlparse
 
 import torch
 import torch.distributed as dist
-from torch.distributed import AllreduceOptions, AllToAllOptions, BroadcastOptions
+from torch.distributed import AllreduceOptions, AllToAllOptions
 
 # The module, not the function `torch.distributed.rendezvous` that shadows its name.
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")
@@ -97,17 +98,10 @@ def _reduce_op(op: Any) -> Any:
     raise ValueError(f"Invalid reduce op {op}")
 
 
-class _Host:
-    """The host tensor of a device tensor, contiguous; `done()` writes a contiguous copy back."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.device_tensor = tensor
-        self.shared = bridge.to_host(tensor)
-        self.tensor = self.shared if self.shared.is_contiguous() else self.shared.contiguous()
-
-    def done(self) -> None:
-        if self.tensor is not self.shared:
-            self.shared.copy_(self.tensor)
+_P2P_WARNING = (
+    "Individual send/recv ops are inefficient on an XLA device. Consider using "
+    "xla_model.collective_permute() and specifying all source-target pairs."
+)
 
 
 class ProcessGroupXla(carried.CarriedGroup):
@@ -121,47 +115,35 @@ class ProcessGroupXla(carried.CarriedGroup):
     def getBackendName(self) -> str:  # torch's name
         return BACKEND_NAME
 
-    # -- host transport ----------------------------------------------------------------
-
-    def _allreduce_host(self, tensors: list[torch.Tensor], op: Any) -> None:
-        hosts = [_Host(t) for t in tensors]
-        opts = AllreduceOptions()
-        opts.reduceOp = op
-        for host in hosts:
-            self._gloo.allreduce([host.tensor], opts).wait()
-            host.done()
-
-    def _gather_host(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every member's `tensor` (host copies, in group rank order)."""
-        host = bridge.to_host(tensor).contiguous()
-        parts = [torch.empty_like(host) for _ in range(self.size())]
-        self._gloo.allgather([parts], [host]).wait()
-        return parts
-
-    def _reduced_copy(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
-        """A host copy of `tensor`, reduced over the group (the input untouched)."""
-        host = bridge.to_host(tensor).contiguous().clone()
+    def _allreduce(self, host: torch.Tensor, op: Any) -> torch.Tensor:
+        """`host` (contiguous) reduced over the group with `op`, in place (reduce and reduce_scatter too: a copy)."""
         opts = AllreduceOptions()
         opts.reduceOp = op
         self._gloo.allreduce([host], opts).wait()
         return host
+
+    def _reduced_copy(self, tensor: torch.Tensor, op: Any) -> torch.Tensor:
+        """A host copy of `tensor`, reduced over the group (the input untouched)."""
+        return self._allreduce(bridge.to_host(tensor).clone(memory_format=torch.contiguous_format), op)
 
     # -- collectives ------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = _reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
         check_xla(tensors)
-        self._allreduce_host(tensors, op)
+        for tensor in tensors:
+            with carried.contiguous(bridge.to_host(tensor)) as host:
+                self._allreduce(host, op)
         return _work(tensors)
 
     def allreduce_coalesced(self, *args: Any) -> Any:
         raise NotImplementedError
 
-    def _allgather_base(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, opts: Any = None) -> Any:
+    def all_gather_single(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, opts: Any = None) -> Any:
         check_xla([output_tensor, input_tensor])
         if input_tensor.dim() == 0:
             input_tensor = input_tensor.reshape(1)
-        result = torch.cat(self._gather_host(input_tensor), dim=0)
+        result = torch.cat(self._gathered(bridge.to_host(input_tensor)), dim=0)
         out = bridge.to_host(output_tensor)
         if result.shape == output_tensor.shape:
             out.copy_(result)
@@ -178,7 +160,7 @@ class ProcessGroupXla(carried.CarriedGroup):
     def allgather(self, output_tensors_list: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts=None):
         for input_tensor, output_tensors in zip(input_tensors, output_tensors_list, strict=True):
             check_xla([input_tensor, *output_tensors])
-            for output, part in zip(output_tensors, self._gather_host(input_tensor), strict=True):
+            for output, part in zip(output_tensors, self._gathered(bridge.to_host(input_tensor)), strict=True):
                 bridge.to_host(output).copy_(part.reshape(output.shape))
         return _work([t for outputs in output_tensors_list for t in outputs])
 
@@ -188,11 +170,7 @@ class ProcessGroupXla(carried.CarriedGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         root = tensors[opts.rootTensor]
         check_xla([root])
-        host = _Host(root)
-        options = BroadcastOptions()
-        options.rootRank, options.rootTensor = opts.rootRank, 0
-        self._gloo.broadcast([host.tensor], options).wait()
-        host.done()
+        self._broadcast(bridge.to_host(root), opts.rootRank)
         return _work([root])
 
     def _reduce_scatter_one(self, output: torch.Tensor, flat_input: torch.Tensor, op: Any) -> None:
@@ -214,7 +192,7 @@ class ProcessGroupXla(carried.CarriedGroup):
     def reduce_scatter_coalesced(self, output_tensors, input_tensors_list, opts):
         return self.reduce_scatter(output_tensors, input_tensors_list, opts)
 
-    def _reduce_scatter_base(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, opts: Any) -> Any:
+    def reduce_scatter_single(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, opts: Any) -> Any:
         op = _reduce_op(opts.reduceOp)
         check_xla([output_tensor, input_tensor])
         if input_tensor.numel() != output_tensor.numel() * self.size():
@@ -247,21 +225,19 @@ class ProcessGroupXla(carried.CarriedGroup):
             bridge.to_host(output).copy_(part)
         return _work(output_tensor_list)
 
-    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         assert (not output_split_sizes) and (not input_split_sizes), (
             "XLA doesn't support specifying non-empty output_split_sizes and input_split_sizes"
         )
         check_xla([output, input])
-        host_in = bridge.to_host(input).contiguous()
-        host_out = _Host(output)
-        self._gloo.alltoall_base(host_out.tensor, host_in, [], [], AllToAllOptions()).wait()
-        host_out.done()
+        with carried.contiguous(bridge.to_host(output)) as received:
+            self._gloo.alltoall_base(received, bridge.to_host(input).contiguous(), [], [], AllToAllOptions()).wait()
         return _work(output)
 
     def gather(self, output_tensors_list, input_tensor_list, opts):
         for i, input_tensor in enumerate(input_tensor_list):
             check_xla([input_tensor])
-            parts = self._gather_host(input_tensor)
+            parts = self._gathered(bridge.to_host(input_tensor))
             if self.rank() == opts.rootRank:
                 for output, part in zip(output_tensors_list[i], parts, strict=True):
                     bridge.to_host(output).copy_(part.reshape(output.shape))
@@ -274,53 +250,24 @@ class ProcessGroupXla(carried.CarriedGroup):
                 source = torch.stack([bridge.to_host(t) for t in input_tensors_list[i]]).contiguous()
             else:
                 source = torch.empty((self.size(), *output.shape), dtype=output.dtype)
-            options = BroadcastOptions()
-            options.rootRank, options.rootTensor = opts.rootRank, 0
-            self._gloo.broadcast([source], options).wait()
+            self._broadcast(source, opts.rootRank)
             bridge.to_host(output).copy_(source[self.rank()])
         return _work(output_tensor_list)
 
     def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> Any:
-        _logger.warning(
-            "Individual send/recv ops are inefficient on an XLA device. Consider using "
-            "xla_model.collective_permute() and specifying all source-target pairs."
-        )
+        _logger.warning(_P2P_WARNING)
         check_xla(tensors)
         for tensor in tensors:
             self._gloo.send([bridge.to_host(tensor).contiguous()], dst_rank, tag).wait()
         return _work(tensors)
 
     def recv(self, out_tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> Any:
-        _logger.warning(
-            "Individual send/recv ops are inefficient on an XLA device. Consider using "
-            "xla_model.collective_permute() and specifying all source-target pairs."
-        )
+        _logger.warning(_P2P_WARNING)
         check_xla(out_tensors)
         for tensor in out_tensors:
-            host = _Host(tensor)
-            self._gloo.recv([host.tensor], src_rank, tag).wait()
-            host.done()
+            with carried.contiguous(bridge.to_host(tensor)) as host:
+                self._gloo.recv([host], src_rank, tag).wait()
         return _work(out_tensors)
-
-    # torch >= 2.13 calls the single-tensor collectives by these names
-    def all_gather_single(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, opts: Any = None) -> Any:
-        return self._allgather_base(output_tensor, input_tensor, opts)
-
-    def reduce_scatter_single(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, opts: Any) -> Any:
-        return self._reduce_scatter_base(output_tensor, input_tensor, opts)
-
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
-
-    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts=None):
-        for output, input_tensor in zip(outputs, inputs, strict=True):
-            self._allgather_base(output, input_tensor, opts)
-        return _work(outputs)
-
-    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts):
-        for output, input_tensor in zip(outputs, inputs, strict=True):
-            self._reduce_scatter_base(output, input_tensor, opts)
-        return _work(outputs)
 
     def recv_anysource(self, *args: Any) -> Any:
         raise NotImplementedError
