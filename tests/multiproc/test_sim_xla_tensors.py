@@ -128,3 +128,41 @@ def test_checkpoints_of_xla_tensors(rank, tmp_path):
     xm.rendezvous("saved")
     on_host = torch.load(tmp_path / "xm.pt")
     assert all(t.device == torch.device("cpu") for t in on_host.values())
+
+
+@distributed_test(world_size=SIZES, device="xla")
+def test_empty_tensors_are_zeros_as_xla_makes_them(rank):
+    import torch_xla
+
+    device = torch_xla.device()
+    full = torch.full((64,), 7.0, device=device)
+    made = {
+        "empty": torch.empty(64, device=device),
+        "empty_strided": torch.empty_strided((8, 8), (1, 8), device=device),
+        "empty_like": torch.empty_like(full),
+        "new_empty": full.new_empty(64),
+        "new_empty_strided": full.new_empty_strided((8, 8), (8, 1)),
+    }
+    for name, tensor in made.items():
+        assert tensor.device == device and tensor.is_xla, name
+        assert tensor.abs().sum().item() == 0, name  # XLA lowers empty to a full of zeros
+    assert made["empty_strided"].stride() == (1, 8)
+    assert torch.empty(4).to(device).device == device  # a host tensor moved on still holds its own values
+
+
+@distributed_test(world_size=SIZES, device="xla")
+def test_a_parameters_data_moves_onto_the_core_and_back(rank):
+    import torch_xla
+
+    device = torch_xla.device()
+    layer = torch.nn.Linear(3, 2)
+    weight = layer.weight
+    weight.data = weight.data.to(device)  # the object stays, its data move (as torch_xla's FSDP does)
+    assert layer.weight is weight and isinstance(weight, torch.nn.Parameter) and weight.device == device
+    layer.bias.data = layer.bias.data.to(device)
+    layer(torch.ones(1, 3, device=device)).sum().backward()
+    assert weight.grad.device == device
+    with pytest.raises(RuntimeError, match="attempting to assign a gradient with device type 'cpu'"):
+        weight.grad = torch.zeros(2, 3)
+    weight.data = weight.data.cpu()
+    assert weight.device == torch.device("cpu") and layer.weight is weight

@@ -32,13 +32,18 @@ class SimDevice:
     """What a kind of simulated device tells the core: its type, its hidden devices, generators and rules.
 
     Subclasses override `common_device` (which device an op computes on, raising the real
-    device's error on a mismatch) and may override the other methods.
+    device's error on a mismatch) and may override the other methods. A device that counts
+    its memory fills `counting` while it does (every new storage then goes to `track`); one
+    that must see every op's arguments (shapes-only tensors) fills `general` (then `align`
+    sees them).
     """
 
     #: the device type Python code sees ("xla")
     type: str = ""
     #: the name of the hidden PrivateUse1 device under its tensors ("simxla")
     hidden: str = ""
+    #: whether a plain int names one of its devices (`.to(0)` means cuda:0 on a GPU host)
+    takes_ordinals: bool = False
 
     def __init__(self, count: int = 1) -> None:
         #: the hidden C++ devices, one per shown device (filled by `attach`, once the hidden device is registered)
@@ -46,10 +51,15 @@ class SimDevice:
         self.devices = [torch.device(self.type, i) for i in range(count)]
         self.generators = [torch.Generator() for _ in range(count)]
         self.current = 0
+        #: non-empty while the device counts its memory (its counters): new storages go to `track`
+        self.counting: list[Any] = []
+        #: non-empty while every op must take the general path (`dispatch`, where `align` sees it)
+        self.general: list[Any] = []
 
-    def attach(self) -> None:
-        """The hidden device is registered: make its C++ devices."""
-        self.hidden_devices = [torch.device(self.hidden, i) for i in range(len(self.devices))]
+    def attach(self, count: int | None = None) -> None:
+        """The hidden device is registered: make its C++ devices (`count` of them; default: one per shown device)."""
+        count = len(self.devices) if count is None else count
+        self.hidden_devices = [torch.device(self.hidden, i) for i in range(count)]
 
     def resolve(self, device: Any) -> torch.device:
         """The shown device for any way of naming one of this device's ("xla", "xla:0", hidden); others unchanged."""
@@ -67,6 +77,12 @@ class SimDevice:
             return device.split(":", 1)[0] in (self.type, self.hidden)
         return isinstance(device, torch.device) and device.type in (self.type, self.hidden)
 
+    def names_me(self, value: Any) -> bool:
+        """Whether `value`, given where a device goes (`.to(value)`), names one of this kind's."""
+        if self.takes_ordinals and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        return self.is_mine(value)
+
     def common_device(self, func: Any, args: tuple, kwargs: dict) -> torch.device | None:
         """The device `func` computes on, given arguments mixing devices; raises as the real device does."""
         raise NotImplementedError(f"{type(self).__name__} must say how its ops mix devices")
@@ -74,6 +90,23 @@ class SimDevice:
     def generator(self, index: int) -> torch.Generator:
         """The generator random ops on device `index` draw from."""
         return self.generators[index]
+
+    def draw(self, index: int, func: Any, args: Any, kwargs: dict) -> Any:
+        """Run random op `func` on CPU tensors for device `index`: from the generator given, else the device's."""
+        if kwargs.get("generator") is not None:
+            return func(*args, **kwargs)
+        with on_generator(self.generator(index)):
+            return func(*args, **kwargs)
+
+    def track(self, inner: torch.Tensor, index: int, reserved: Any = None) -> None:
+        """A new storage on device `index` (while `counting`): count it (`reserved`: its memory, taken already)."""
+
+    def follow(self, inner: torch.Tensor) -> None:
+        """An in-place op may have resized `inner`'s storage (while `counting`)."""
+
+    def align(self, args: list, kwargs: dict, seen: dict[int, Any]) -> tuple[list, dict]:
+        """The CPU arguments of an op, as the device runs it (while `general`)."""
+        return args, kwargs
 
 
 class WrapperTensor(torch.Tensor):
@@ -83,10 +116,24 @@ class WrapperTensor(torch.Tensor):
     _shown: torch.device
     #: the kind of device this subclass's tensors live on (set by each subclass)
     _sim: ClassVar[SimDevice]
+    #: this subclass's ops handled apart: op -> handler(args, kwargs) (`add_special`)
+    _special: ClassVar[dict[Any, Callable[[tuple, dict], Any]]]
+    #: the attribute of an op holding its facts for this subclass (`_facts`)
+    _facts_key: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The core's handlers, bound to this class; facts cached on each op per class
+        # (a dict keyed by ops would hash them in Python on every call).
+        cls._special = {op: functools.partial(handler, cls) for op, handler in _SPECIAL.items()}
+        cls._facts_key = f"_accel_sim_facts_{cls.__module__.replace('.', '_')}_{cls.__qualname__}"
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor, device: torch.device, requires_grad: bool = False) -> WrapperTensor:
-        self = _make_wrapper(cls, inner, cls._sim.hidden_devices[device.index or 0], requires_grad)
+        sim = cls._sim
+        if sim.counting:
+            sim.track(inner, device.index or 0)
+        self = _make_wrapper(cls, inner, sim.hidden_devices[device.index or 0], requires_grad)
         self._inner = inner
         self._shown = device
         return self
@@ -110,12 +157,14 @@ class WrapperTensor(torch.Tensor):
     def __torch_dispatch__(  # type: ignore[override]  # classmethod form torch documents
         cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
-        # The common case inline (every op comes here): no keyword arguments, nothing special,
-        # no argument reshaped, all tensors of this class on one device. Else: `dispatch`.
-        facts = getattr(func, _FACTS, None)
+        # The common case inline (every op comes here, so each call saved counts): an op with
+        # no keyword arguments that returns no argument of its own, on tensors of one device,
+        # unwrapped in the same pass that checks them. Anything else: `dispatch`.
+        sim = cls._sim
+        facts = getattr(func, cls._facts_key, None)
         if facts is None:
-            facts = _facts(func)
-        if kwargs or facts[0] is not None or facts[3]:
+            facts = _facts(cls, func)
+        if kwargs or facts[0] is not None or facts[2] or sim.general:
             return dispatch(cls, func, args, kwargs or {})
         device = None
         inner_args = []
@@ -128,30 +177,29 @@ class WrapperTensor(torch.Tensor):
                 elif shown is not device and shown != device:
                     break
                 inner_args.append(value._inner)
-            elif isinstance(value, torch.Tensor) or (
-                (kind is list or kind is tuple) and value and isinstance(value[0], torch.Tensor)
-            ):
-                break  # lists of tensors, CPU tensors: the general path
+            elif (kind is list or kind is tuple) and value and isinstance(value[0], torch.Tensor):
+                shared = _one_device_of(cls, value)  # foreach ops, cat, ...
+                if shared is None or (device is not None and shared is not device and shared != device):
+                    break
+                device = shared
+                inner_args.append([item._inner for item in value] if kind is list else tuple(i._inner for i in value))
+            elif isinstance(value, torch.Tensor):
+                break  # a CPU tensor: the device's rules decide
             else:
-                inner_args.append(value)
+                inner_args.append(_inner_of(cls, value) if kind is list or kind is tuple else value)
         else:
             if device is not None:
-                if facts[1]:
-                    with on_generator(cls._sim.generator(device.index or 0)):
-                        out = func(*inner_args)
-                else:
-                    out = func(*inner_args)
-                if facts[2]:  # written into an argument (add_, ...): that very wrapper comes back
-                    seen = {id(value._inner): value for value in args if type(value) is cls}
-                    same = seen.get(id(out))
-                    return same if same is not None else _wrap_results(cls, out, seen, device)
+                index = device.index or 0
+                out = sim.draw(index, func, inner_args, {}) if facts[1] else func(*inner_args)
                 if type(out) is torch.Tensor:
-                    self = _make_wrapper(cls, out, cls._sim.hidden_devices[device.index or 0], False)
+                    if sim.counting and not facts[4]:  # a view's storage is its base's, counted already
+                        sim.track(out, index)
+                    self = _make_wrapper(cls, out, sim.hidden_devices[index], False)
                     self._inner = out
                     self._shown = device
                     return self
                 return _wrap_results(cls, out, {}, device)
-        return dispatch(cls, func, args, kwargs or {})
+        return dispatch(cls, func, args, {})
 
     # A "traceable wrapper subclass": nn.Module.to swaps parameter objects instead of
     # `param.data = new`, which would turn a device parameter into a CPU one.
@@ -178,7 +226,7 @@ class WrapperTensor(torch.Tensor):
 
     def __format__(self, spec: str) -> str:
         if self.dim() == 0:
-            return self._inner.item().__format__(spec)
+            return self._special[_ITEM]((self,), {}).__format__(spec)
         return object.__format__(self, spec)
 
     def __deepcopy__(self, memo: dict) -> Any:
@@ -195,6 +243,18 @@ class WrapperTensor(torch.Tensor):
         if self.grad is not None:
             new.grad = copy.deepcopy(self.grad, memo)
         return new
+
+    def type(self, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        """`Tensor.type`: 'torch.<type>.FloatTensor' and friends, as on the real device."""
+        kind = f".{self._shown.type}."
+        if dtype is None:
+            return self._inner.type().replace("torch.", "torch" + kind, 1)
+        if isinstance(dtype, torch.dtype):
+            return self.to(dtype, non_blocking=non_blocking)
+        name = dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}"
+        legacy = getattr(torch, name.rsplit(".", 1)[-1])  # torch.FloatTensor, ...: knows its dtype
+        device = self._shown if kind in name else torch.device("cpu")
+        return self.to(device=device, dtype=legacy.dtype, non_blocking=non_blocking)
 
     def untyped_storage(self) -> torch.UntypedStorage:
         # The inner tensor's storage (what shares memory with what), reporting the shown device.
@@ -234,6 +294,14 @@ def wrap(cls: type[WrapperTensor], cpu_tensor: torch.Tensor, device: Any) -> tor
     return cls(cpu_tensor, cls._sim.resolve(device))
 
 
+def add_special(cls: type[WrapperTensor], handlers: dict[Any, Callable[[tuple, dict], Any]]) -> None:
+    """Have `cls`'s ops in `handlers` handled apart (`handler(args, kwargs)`); replaces any handler they had."""
+    for func in handlers:
+        if hasattr(func, cls._facts_key):
+            delattr(func, cls._facts_key)
+    cls._special.update(handlers)
+
+
 # -- dispatch ------------------------------------------------------------------------------------
 
 _SEEDED = torch.Tag.nondeterministic_seeded
@@ -242,52 +310,86 @@ _RESHAPING = {
     "resize_", "resize_as_", "set_", "t_", "transpose_", "squeeze_", "unsqueeze_", "as_strided_",
     "swapdims_", "swapaxes_", "_resize_output_", "resize_as_sparse_",
 }  # fmt: skip
-#: attribute of an op holding its facts for the core's wrappers
-_FACTS = "_accel_sim_core_facts"
 
 
-def _facts(func: Any) -> tuple[Any, bool, bool, bool]:
-    """(special handler or None, draws random numbers, tracks its argument wrappers, may reshape an argument)."""
-    facts = getattr(func, _FACTS, None)
+def _facts(cls: type[WrapperTensor], func: Any) -> tuple[Any, bool, bool, bool, bool]:
+    """(special handler or None, draws random numbers, tracks its argument wrappers, may reshape an argument,
+    returns a view of an argument: no new storage to count).
+
+    An op that writes into an argument and returns something (add_, out= ops) returns that
+    argument: its wrappers are tracked so the very wrapper is given back. One that returns
+    nothing (the in-place foreach ops) needs no tracking unless it may reshape.
+    """
+    facts = getattr(func, cls._facts_key, None)
     if facts is None:
         schema = func._schema
         reshapes = schema.is_mutable and (
             any(a.is_out for a in schema.arguments) or schema.name.split("::")[-1] in _RESHAPING
         )
         tracks = schema.is_mutable and (reshapes or len(schema.returns) > 0)
-        special = _SPECIAL.get(func)
+        special = cls._special.get(func)
         if special is None and torch_internals.is_composite(func):
-            # Below autograd (inside another subclass's dispatch) composite ops come whole: run
-            # their decomposition, as the real device does.
+            # Below autograd (inside another subclass's __torch_dispatch__: DTensor's ops) composite
+            # ops come here whole; the real device runs their decomposition, so do we (`to.device`
+            # would otherwise copy the inner CPU tensor to the hidden device: a wrapper in a wrapper).
             special = functools.partial(_decompose, func)
-        facts = (special, _SEEDED in func.tags, tracks, reshapes)
-        setattr(func, _FACTS, facts)
+        facts = (special, _SEEDED in func.tags, tracks, reshapes, func.is_view)
+        setattr(func, cls._facts_key, facts)
     return facts
 
 
-def _decompose(func: Any, cls: type[WrapperTensor], args: tuple, kwargs: dict) -> Any:
+def _decompose(func: Any, args: tuple, kwargs: dict) -> Any:
     return func.decompose(*args, **kwargs)
 
 
-def _unwrap_args(value: Any, seen: dict[int, WrapperTensor]) -> Any:
-    if isinstance(value, WrapperTensor):
+def _inner_of(cls: type[WrapperTensor], value: Any) -> Any:
+    kind = type(value)
+    if kind is cls:
+        return value._inner
+    if kind is list or kind is tuple:
+        items = [item._inner if type(item) is cls else item for item in value]
+        return items if kind is list else tuple(items)
+    return value
+
+
+def _unwrap_args(cls: type[WrapperTensor], value: Any, seen: dict[int, WrapperTensor]) -> Any:
+    # As `_inner_of`, remembering each wrapper by its inner tensor (an in-place op returns it).
+    if type(value) is cls:
         inner = value._inner
         seen[id(inner)] = value
         return inner
-    if isinstance(value, (list, tuple)) and value:
-        items = [_unwrap_args(item, seen) for item in value]
-        return items if type(value) is list else type(value)(items)
+    kind = type(value)
+    if (kind is list or kind is tuple) and value:
+        items = [_unwrap_args(cls, item, seen) if type(item) is cls else item for item in value]
+        return items if kind is list else tuple(items)
+    if isinstance(value, (list, tuple)) and value and any(type(item) is cls for item in value):
+        return kind(_unwrap_args(cls, item, seen) for item in value)
     return value
 
 
 def _wrap_results(cls: type[WrapperTensor], value: Any, seen: dict[int, WrapperTensor], device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
-        same = seen.get(id(value))  # an in-place or out= op returns one of its inputs: that very wrapper
+        # An in-place or out= op returns one of its inputs: give back that very wrapper.
+        same = seen.get(id(value))
         return same if same is not None else cls(value, device)
     if isinstance(value, (list, tuple)):
         items = [_wrap_results(cls, item, seen, device) for item in value]
         return items if type(value) is list else type(value)(items)
     return value
+
+
+def _one_device_of(cls: type[WrapperTensor], tensors: list | tuple) -> torch.device | None:
+    """The device of `tensors` when they are all of `cls` and on one device."""
+    device = None
+    for item in tensors:
+        if type(item) is not cls:
+            return None
+        shown = item._shown
+        if device is None:
+            device = shown
+        elif shown is not device and shown != device:
+            return None
+    return device
 
 
 def _one_device(cls: type[WrapperTensor], args: tuple, kwargs: dict) -> torch.device | None:
@@ -299,18 +401,18 @@ def _one_device(cls: type[WrapperTensor], args: tuple, kwargs: dict) -> torch.de
                 shown = value._shown
                 if device is None:
                     device = shown
-                elif shown != device:
+                elif shown is not device and shown != device:
                     return None
             elif isinstance(value, torch.Tensor):
-                return None
+                return None  # a CPU tensor: the device's rules decide
             elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-                for item in value:
-                    if type(item) is not cls:
-                        return None
-                    if device is None:
-                        device = item._shown
-                    elif item._shown != device:
-                        return None
+                shared = _one_device_of(cls, value)  # foreach ops, cat, ...
+                if shared is None:
+                    return None
+                if device is None:
+                    device = shared
+                elif shared is not device and shared != device:
+                    return None
     return device
 
 
@@ -329,42 +431,53 @@ def on_generator(generator: torch.Generator) -> Iterator[None]:
 
 def run_on(cls: type[WrapperTensor], device: torch.device, func: Any, args: tuple, kwargs: dict) -> Any:
     """Run `func` on CPU tensors for `device`, drawing from that device's generator if it draws."""
-    if _facts(func)[1] and kwargs.get("generator") is None:
-        with on_generator(cls._sim.generator(device.index or 0)):
-            return func(*args, **kwargs)
+    if _facts(cls, func)[1]:
+        return cls._sim.draw(device.index or 0, func, args, kwargs)
     return func(*args, **kwargs)
 
 
-def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict) -> Any:
-    """Run aten op `func` whose arguments include tensors of `cls`."""
-    special, seeded, tracks, reshapes = _facts(func)
-    if special is not None:
-        return special(cls, args, kwargs)
-    sim = cls._sim
+def op_device(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict) -> torch.device | None:
+    """The device op `func` runs on, given its arguments (the real device's error for a mismatch)."""
     device = _one_device(cls, args, kwargs)
-    if device is None:
-        device = sim.common_device(func, args, kwargs)
-    requested = kwargs.get("device") if kwargs else None
-    if requested is not None:  # an op that also creates (new_zeros, *_like(device=...))
-        device = sim.resolve(requested)
-        if device.type == sim.type:
-            kwargs = dict(kwargs, device=torch.device("cpu"))
-            kwargs.pop("pin_memory", None)
+    return device if device is not None else cls._sim.common_device(func, args, kwargs)
+
+
+def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict, *, apart: bool = True) -> Any:
+    """Run aten op `func` whose arguments include tensors of `cls`.
+
+    `apart=False`: run it as any op, past its handler (`add_special`), for a handler that did its part.
+    """
+    facts = getattr(func, cls._facts_key, None)
+    special, seeded, tracks, reshapes, _ = _facts(cls, func) if facts is None else facts
+    if special is not None and apart:
+        return special(args, kwargs)
+    sim = cls._sim
+    device = op_device(cls, func, args, kwargs)
+    if kwargs:
+        requested = kwargs.get("device")
+        if requested is not None:  # an op that also creates (new_zeros, *_like(device=...))
+            device = sim.resolve(requested)
+            if device.type == sim.type:
+                kwargs = dict(kwargs, device=torch.device("cpu"))
+                kwargs.pop("pin_memory", None)
     seen: dict[int, WrapperTensor] = {}
-    inner_args = [_unwrap_args(a, seen) for a in args]
-    inner_kwargs = {k: _unwrap_args(v, seen) for k, v in kwargs.items()} if kwargs else kwargs
+    if tracks:
+        inner_args = [_unwrap_args(cls, a, seen) for a in args]
+        inner_kwargs = {k: _unwrap_args(cls, v, seen) for k, v in kwargs.items()} if kwargs else kwargs
+    else:
+        inner_args = [
+            a._inner if type(a) is cls else _inner_of(cls, a) if type(a) is list or type(a) is tuple else a
+            for a in args
+        ]
+        inner_kwargs = {k: _inner_of(cls, v) for k, v in kwargs.items()} if kwargs else kwargs
+    if sim.general:
+        inner_args, inner_kwargs = sim.align(inner_args, inner_kwargs, seen)
     if device is None or device.type != sim.type:
         return func(*inner_args, **inner_kwargs)  # a CPU result was asked for
-    if seeded and inner_kwargs.get("generator") is None:
-        with on_generator(sim.generator(device.index or 0)):
-            out = func(*inner_args, **inner_kwargs)
-    else:
-        out = func(*inner_args, **inner_kwargs)
-    if reshapes and tracks:
+    out = sim.draw(device.index or 0, func, inner_args, inner_kwargs) if seeded else func(*inner_args, **inner_kwargs)
+    if reshapes:
         for wrapper in seen.values():
             _follow_inner(wrapper)
-    if not tracks:
-        seen.clear()
     if type(out) is torch.Tensor:
         same = seen.get(id(out))
         return same if same is not None else cls(out, device)
@@ -372,8 +485,12 @@ def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict) -> 
 
 
 def _follow_inner(wrapper: WrapperTensor) -> None:
-    # An in-place op may resize or restride the inner tensor (resize_, out=, t_): the wrapper follows.
+    # An in-place op may resize or restride the inner tensor (resize_, out=, t_): the
+    # wrapper must report the same shape, and a device that counts memory the storage's size.
     inner = wrapper._inner
+    sim = wrapper._sim
+    if sim.counting:
+        sim.follow(inner)
     if (
         wrapper.shape != inner.shape
         or wrapper.stride() != inner.stride()
@@ -385,16 +502,21 @@ def _follow_inner(wrapper: WrapperTensor) -> None:
 # -- ops handled apart ---------------------------------------------------------------------------------
 
 
-def to_copy(cls: type[WrapperTensor], args: tuple, kwargs: dict) -> Any:
-    """`_to_copy`: a copy of a tensor on another device and/or dtype."""
-    source = args[0]
+def copy_target(cls: type[WrapperTensor], args: tuple, kwargs: dict) -> tuple[torch.device, dict]:
+    """`_to_copy`'s target device, and its keyword arguments for the CPU kernel (the data stay in host memory)."""
     sim = cls._sim
     target = kwargs.get("device")
-    target = source.device if target is None else sim.resolve(target)
+    target = args[0].device if target is None else sim.resolve(target)
     kwargs = dict(kwargs, device=torch.device("cpu") if target.type == sim.type else target)
     kwargs.pop("pin_memory", None)  # nothing to pin: the data stay in host memory
-    out = aten._to_copy.default(unwrap(source), **kwargs)
-    return cls(out, target) if target.type == sim.type else out
+    return target, kwargs
+
+
+def to_copy(cls: type[WrapperTensor], args: tuple, kwargs: dict) -> Any:
+    """`_to_copy`: a copy of a tensor on another device and/or dtype."""
+    target, kwargs = copy_target(cls, args, kwargs)
+    out = aten._to_copy.default(unwrap(args[0]), **kwargs)
+    return cls(out, target) if target.type == cls._sim.type else out
 
 
 def _copy_(cls: type[WrapperTensor], args: tuple, kwargs: dict) -> Any:
@@ -406,11 +528,12 @@ def _item(cls: type[WrapperTensor], args: tuple, kwargs: dict) -> Any:
     return args[0]._inner.item()
 
 
-#: ops handled apart: copies across devices, reading a value, stream bookkeeping
-_SPECIAL: dict[Any, Any] = {
+_ITEM = aten._local_scalar_dense.default
+#: ops handled apart: copies across devices, reading a value, stream bookkeeping (one stream per device)
+_SPECIAL: dict[Any, Callable[..., Any]] = {
     aten._to_copy.default: to_copy,
     aten.copy_.default: _copy_,
-    aten._local_scalar_dense.default: _item,
+    _ITEM: _item,
     aten.record_stream.default: lambda cls, args, kwargs: None,
 }
 
@@ -426,8 +549,8 @@ _NOT_FACTORIES = {
 _libraries: list[torch.library.Library] = []
 
 
-def factory_kernel(cls: type[WrapperTensor], op: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run factory `op` aimed at `cls`'s device on the CPU, and wrap what it made."""
+def factory_target(cls: type[WrapperTensor], op: Any, kwargs: dict) -> tuple[torch.device, dict]:
+    """The device factory `op` aims at, and its keyword arguments for the CPU kernel."""
     sim = cls._sim
     device = kwargs.get("device")
     if device is None or not sim.is_mine(device):
@@ -435,9 +558,14 @@ def factory_kernel(cls: type[WrapperTensor], op: Any, *args: Any, **kwargs: Any)
             f"{op} reached the simulated {sim.type} device without a device argument naming it; the simulator has "
             "no kernel for it (please report this with the code that called it)"
         )
-    device = sim.resolve(device)
     kwargs = dict(kwargs, device=torch.device("cpu"))
     kwargs.pop("pin_memory", None)
+    return sim.resolve(device), kwargs
+
+
+def factory_kernel(cls: type[WrapperTensor], op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run factory `op` aimed at `cls`'s device on the CPU, and wrap what it made."""
+    device, kwargs = factory_target(cls, op, kwargs)
     out = run_on(cls, device, op, args, kwargs)
     if isinstance(out, torch.Tensor):
         return cls(out, device)
@@ -475,3 +603,131 @@ def register_factories(keys: tuple[str, ...], kernel: Callable[..., Any]) -> Non
     for key in keys:
         kernels.impl("copy_", _copy_kernel, key)
     _libraries.extend([fallback, kernels])
+
+
+# -- Python entry points: tensors onto the device, `.data` and `.grad` -------------------------------------
+
+
+def python_entry_points(cls: type[WrapperTensor]) -> dict[str, Callable[..., Any]]:
+    """`Tensor.to`, `torch.tensor` and `torch.as_tensor` for `cls`'s device (to patch in; torch's now are the fallback).
+
+    `Tensor.to` resolves a plain device name ("xla", "cuda") to the current device and
+    returns `self` when nothing changes (C++ would compare its hidden device with the shown
+    one and always copy); `torch.tensor` / `as_tensor` build on the CPU and then wrap
+    (simpler and safer than giving C++ a device guard).
+    """
+    sim = cls._sim
+    original_to, original_tensor, original_as_tensor = torch.Tensor.to, torch.tensor, torch.as_tensor
+
+    def tensor_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """`Tensor.to`: the device's plain name means its current device; `self` when nothing changes."""
+        if args and sim.names_me(args[0]):
+            args = (sim.resolve(args[0]), *args[1:])
+        if kwargs.get("device") is not None and sim.names_me(kwargs["device"]):
+            kwargs["device"] = sim.resolve(kwargs["device"])
+        if type(self) is cls and not kwargs.get("copy", False):
+            device, dtype, _, memory_format = torch_internals.parse_to(*args, **kwargs)
+            same_device = device is None or device == self._shown
+            same_dtype = dtype is None or dtype == self.dtype
+            same_format = memory_format is None or memory_format == torch.preserve_format
+            if same_device and same_dtype and same_format and (device is not None or dtype is not None):
+                return self
+        return original_to(self, *args, **kwargs)
+
+    def tensor(
+        data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False, pin_memory: bool = False
+    ) -> torch.Tensor:
+        """`torch.tensor`: on the simulated device, built on the CPU and then wrapped."""
+        if isinstance(data, cls) and device is None:
+            device = data.device
+        host_data = unwrap(data) if isinstance(data, torch.Tensor) else data
+        if device is None or not sim.names_me(device):
+            out = original_tensor(host_data, dtype=dtype, device=device)
+        else:
+            out = cls(original_tensor(host_data, dtype=dtype), sim.resolve(device))
+        return out.requires_grad_(requires_grad) if requires_grad else out
+
+    def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> torch.Tensor:
+        """`torch.as_tensor`: no copy where none is needed, a copy onto the simulated device otherwise."""
+        if isinstance(data, torch.Tensor):
+            return tensor_to(data, device=device, dtype=dtype) if (device is not None or dtype is not None) else data
+        if device is None or not sim.names_me(device):
+            return original_as_tensor(data, dtype=dtype, device=device)
+        return cls(original_as_tensor(data, dtype=dtype), sim.resolve(device))
+
+    return {"to": tensor_to, "tensor": tensor, "as_tensor": as_tensor}
+
+
+def install_entry_points(cls: type[WrapperTensor]) -> dict[str, Callable[..., Any]]:
+    """Patch `python_entry_points(cls)` into torch, and `.data` / `.grad` setters that know `cls`'s device."""
+    points = python_entry_points(cls)
+    torch.Tensor.to = points["to"]  # type: ignore[method-assign]  # same signature
+    torch.tensor = points["tensor"]
+    torch.as_tensor = points["as_tensor"]
+    torch_internals.patch_data_setter(functools.partial(set_data, cls))
+    torch_internals.check_grad_device(functools.partial(check_grad, cls._sim.type))
+    return points
+
+
+def set_data(cls: type[WrapperTensor], tensor: torch.Tensor, new: torch.Tensor) -> bool:
+    """`tensor.data = new` where either is on `cls`'s device, as on that device; False when torch's setter serves.
+
+    On a GPU or TPU, `set_data` lets a tensor (a parameter, typically) change device and
+    dtype while it stays the same Python object: libraries move and shard parameters that
+    way (FSDP2's `param.data = param.to(device)`). torch's own setter cannot move a tensor
+    between the CPU and the hidden device, so the object's contents are swapped for a
+    tensor sharing `new`'s data (`torch.utils.swap_tensors`, as `nn.Module.to` does for such
+    tensors). Its attributes, `requires_grad` and whether it is a parameter are kept; a
+    gradient is kept when it still fits (same device and dtype), as torch requires.
+    """
+    old, now = type(tensor) is cls, type(new) is cls
+    if not (old or now):
+        return False
+    if old and now:
+        # Both wrappers: torch's setter takes the sizes, dtype and flags; the data is the inner tensor's.
+        torch_internals.data_descriptor().__set__(tensor, new)
+        tensor._inner = new._inner  # type: ignore[attr-defined]  # both are of cls here
+        tensor._shown = new._shown  # type: ignore[attr-defined]
+        return True
+    is_param = isinstance(tensor, torch.nn.Parameter)
+    with torch.no_grad():
+        if now:
+            replacement: torch.Tensor = cls(new._inner, new._shown)  # type: ignore[attr-defined]  # of cls
+            replacement.requires_grad_(tensor.requires_grad)
+            if is_param:
+                replacement._is_param = True  # what Parameter() marks a subclass with
+        elif is_param:
+            replacement = torch.nn.Parameter(new.detach(), requires_grad=tensor.requires_grad)
+        else:
+            replacement = new.detach().requires_grad_(tensor.requires_grad)
+    kept = {k: v for k, v in vars(tensor).items() if k not in ("_inner", "_shown", "_is_param")}
+    grad = tensor.grad
+    replacement.__dict__.update(kept)
+    try:
+        torch.utils.swap_tensors(tensor, replacement)
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"`tensor.data = x` cannot move a tensor between {new.device if old else tensor.device} and "
+            f"{new.device if now else tensor.device} on a simulated {cls._sim.type} device while something else "
+            f"holds it ({error}). On a simulated device such a move replaces the tensor's contents, which torch "
+            "allows only for a tensor nothing else references (no weak references, no autograd graph, not yet "
+            "wrapped by DDP); move it before wrapping, or use module.to(device)."
+        ) from error
+    if grad is not None and grad.device == tensor.device and grad.dtype == tensor.dtype:
+        tensor.grad = grad
+    return True
+
+
+def check_grad(device_type: str, tensor: torch.Tensor, grad: Any) -> None:
+    """Before `tensor.grad = grad`: a gradient on another kind of device fails in torch's words, naming the device.
+
+    torch's own check runs in C++ and would name the hidden device.
+    """
+    if not isinstance(grad, torch.Tensor):
+        return
+    kinds = (grad.device.type, tensor.device.type)
+    if kinds[0] != kinds[1] and device_type in kinds:
+        raise RuntimeError(
+            f"attempting to assign a gradient with device type '{grad.device.type}' to a tensor with device type "
+            f"'{tensor.device.type}'. Please ensure that the gradient and the tensor are on the same device"
+        )

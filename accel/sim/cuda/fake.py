@@ -374,8 +374,6 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         cuda_autocast.install()
         cuda_checkpoint.install()
         torch_internals.allow_foreach(cuda_tensor.SimCudaTensor)
-        torch_internals.patch_data_setter(cuda_tensor.set_data)
-        torch_internals.check_grad_device(cuda_tensor.check_grad)
         torch_internals.show_hidden_as(cuda_state.HIDDEN_DEVICE, _gpu)
         torch_internals.on_storage_resize(cuda_memory.resize)
         torch.autograd.backward = _raising_pending_oom(torch.autograd.backward)

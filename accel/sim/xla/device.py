@@ -135,17 +135,6 @@ class XlaTensor(WrapperTensor):
     def is_cuda(self) -> bool:  # type: ignore[override]  # a property, as on Tensor
         return False
 
-    def type(self, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
-        """`Tensor.type`: 'torch.xla.FloatTensor' and friends, as on a TPU."""
-        if dtype is None:
-            return self._inner.type().replace("torch.", "torch.xla.", 1)
-        if isinstance(dtype, torch.dtype):
-            return self.to(dtype, non_blocking=non_blocking)
-        name = dtype if isinstance(dtype, str) else f"{dtype.__module__}.{dtype.__name__}"
-        legacy = getattr(torch, name.rsplit(".", 1)[-1])
-        device = self._shown if ".xla." in name else torch.device("cpu")
-        return self.to(device=device, dtype=legacy.dtype, non_blocking=non_blocking)
-
     def __reduce_ex__(self, protocol: Any) -> Any:
         # As torch pickles an XLA tensor (no storage): its data as numpy, its device named.
         return torch_internals.reduce_as_device_tensor(self._inner, self._shown, self.requires_grad)
@@ -168,65 +157,7 @@ def from_host(tensor: torch.Tensor, device: Any = None) -> torch.Tensor:
     return XlaTensor(tensor, SIM.resolve("xla" if device is None else device))
 
 
-# -- Python entry points ---------------------------------------------------------------------------
-
-_originals: dict[str, Any] = {}
-
-
-def _resolve(device: Any) -> Any:
-    return SIM.resolve(device) if SIM.is_mine(device) else device
-
-
-def tensor_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """`Tensor.to`, with `"xla"` meaning this process's device and `self` returned when nothing changes."""
-    if args and SIM.is_mine(args[0]):
-        args = (_resolve(args[0]), *args[1:])
-    if kwargs.get("device") is not None:
-        kwargs["device"] = _resolve(kwargs["device"])
-    if type(self) is XlaTensor and not kwargs.get("copy", False):
-        # C++ would compare its hidden device with xla:0 and always copy.
-        device, dtype, _, memory_format = torch_internals.parse_to(*args, **kwargs)
-        same_device = device is None or device == self._shown
-        same_dtype = dtype is None or dtype == self.dtype
-        same_format = memory_format is None or memory_format == torch.preserve_format
-        if same_device and same_dtype and same_format and (device is not None or dtype is not None):
-            return self
-    return _originals["to"](self, *args, **kwargs)
-
-
-def tensor(
-    data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False, pin_memory: bool = False
-) -> torch.Tensor:
-    """`torch.tensor`: on the XLA device, built on the CPU and then wrapped."""
-    if device is None or not SIM.is_mine(device):
-        out = _originals["tensor"](
-            to_host(data) if isinstance(data, torch.Tensor) else data, dtype=dtype, device=device
-        )
-        return out.requires_grad_(requires_grad) if requires_grad else out
-    inner = _originals["tensor"](to_host(data) if isinstance(data, torch.Tensor) else data, dtype=dtype)
-    out = XlaTensor(inner, SIM.resolve(device))
-    return out.requires_grad_(requires_grad) if requires_grad else out
-
-
-def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> torch.Tensor:
-    """`torch.as_tensor`: no copy where none is needed, a copy onto the XLA device otherwise."""
-    if isinstance(data, torch.Tensor):
-        return tensor_to(data, device=device, dtype=dtype) if (device is not None or dtype is not None) else data
-    if device is None or not SIM.is_mine(device):
-        return _originals["as_tensor"](data, dtype=dtype, device=device)
-    return XlaTensor(_originals["as_tensor"](data, dtype=dtype), SIM.resolve(device))
-
-
-def check_grad(tensor: torch.Tensor, grad: Any) -> None:
-    """Before `tensor.grad = grad`: a gradient on another kind of device fails in torch's words, naming XLA."""
-    if not isinstance(grad, torch.Tensor):
-        return
-    kinds = (grad.device.type, tensor.device.type)
-    if kinds[0] != kinds[1] and "xla" in kinds:
-        raise RuntimeError(
-            f"attempting to assign a gradient with device type '{grad.device.type}' to a tensor with device type "
-            f"'{tensor.device.type}'. Please ensure that the gradient and the tensor are on the same device"
-        )
+# -- Python entry points (the core's, and pinning as on a TPU host) -------------------------------------
 
 
 def pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
@@ -273,6 +204,33 @@ XLA_AUTOCAST_POLICY: dict[str, list[tuple[str, str]]] = {
 AUTOCAST = core_autocast.Autocast("xla", HIDDEN_DEVICE, XlaTensor)
 
 
+# -- empty tensors: zeros, as XLA makes them ------------------------------------------------------------
+
+#: factories that leave memory uninitialised on other devices; torch_xla lowers them to a
+#: full of zeros (aten_xla_type.cpp: `empty_symint` and friends call `tensor_methods::full(..., 0)`)
+_EMPTY = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"})
+_EMPTY_LIKE = (
+    torch.ops.aten.empty_like.default,
+    torch.ops.aten.new_empty.default,
+    torch.ops.aten.new_empty_strided.default,
+)
+
+
+def _factory_kernel(op: Any, *args: Any, **kwargs: Any) -> Any:
+    out = wrapper.factory_kernel(XlaTensor, op, *args, **kwargs)
+    if op._schema.name.split("::")[-1] in _EMPTY:
+        wrapper.unwrap(out).zero_()
+    return out
+
+
+def _zeroed_like(op: Any, args: tuple, kwargs: dict) -> Any:
+    # An XLA tensor's empty_like / new_empty: zeros, as any XLA factory.
+    out = wrapper.dispatch(XlaTensor, op, args, kwargs, apart=False)
+    if isinstance(out, XlaTensor):
+        out._inner.zero_()
+    return out
+
+
 # -- installing ------------------------------------------------------------------------------------------
 
 
@@ -300,15 +258,12 @@ def install() -> None:
     hidden.register(HIDDEN_DEVICE, hidden.HiddenDeviceModule(1, seed_all=None))
     SIM.attach()
     torch_internals.patch_accelerator(_no_accelerator())
-    wrapper.register_factories(("XLA", "PrivateUse1"), functools.partial(wrapper.factory_kernel, XlaTensor))
+    wrapper.register_factories(("XLA", "PrivateUse1"), _factory_kernel)
+    wrapper.add_special(XlaTensor, {op: functools.partial(_zeroed_like, op) for op in _EMPTY_LIKE})
     AUTOCAST.install(XLA_AUTOCAST_POLICY)
-    _originals.update(to=torch.Tensor.to, tensor=torch.tensor, as_tensor=torch.as_tensor)
-    torch.Tensor.to = tensor_to  # type: ignore[method-assign,assignment]  # same signature
+    wrapper.install_entry_points(XlaTensor)
     torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign,assignment]  # same signature
     torch.Tensor.is_pinned = is_pinned  # type: ignore[method-assign,assignment]  # same signature
-    torch_internals.check_grad_device(check_grad)
-    torch.tensor = tensor  # type: ignore[assignment]  # same signature
-    torch.as_tensor = as_tensor
     _installed.append(True)
 
 
