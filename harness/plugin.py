@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import pathlib
 from typing import Any
 
 import pytest
@@ -135,6 +136,8 @@ def pytest_pycollect_makemodule(module_path: Any, parent: Any) -> None:
     config = parent.config
     if config.stash.get(_PRESTARTED_KEY, False) or config.option.collectonly:
         return
+    if not _on_the_command_line(parent.session, module_path):
+        return
     first = first_distributed_config(str(module_path))
     if first is None:
         return
@@ -149,6 +152,15 @@ def pytest_pycollect_makemodule(module_path: Any, parent: Any) -> None:
         return
     _fork_self(config)
     config.stash[MANAGER_KEY].prestart(world_size, device)
+
+
+def _on_the_command_line(session: pytest.Session, module_path: Any) -> bool:
+    """Whether pytest will collect this module: the command line (or testpaths) names it or a
+    folder above it. pytest makes a module node for every file of a folder it enters, also for
+    those a narrower argument (`pytest tests/test_a.py`) then leaves out, which it never imports:
+    their distributed tests never run, and no ranks are started for them."""
+    path = pathlib.Path(module_path)
+    return any(session.isinitpath(place) for place in (path, *path.parents))
 
 
 def _self_fork_awaits_torch() -> bool:

@@ -122,6 +122,12 @@ def test_an_idle_server_stops(preloaded_module, monkeypatch):
 def test_a_client_gone_takes_its_ranks_with_it(preloaded_module, own_servers, tmp_path, monkeypatch):
     from accel.sim.runtime.pool import RankPool
 
+    # A pool the harness is starting in the background (for a module's first distributed test)
+    # would have its next rank forked by this test's server while forking's globals point there.
+    for thread in threading.enumerate():
+        if thread.name.startswith("accel-sim-prestart"):
+            thread.join(120)
+            assert not thread.is_alive(), f"{thread.name} still starting ranks"
     monkeypatch.setattr(forking, "_session", None)  # not from this session's own server, if it has one
 
     client = forking._connect()
@@ -144,15 +150,24 @@ def test_a_client_gone_takes_its_ranks_with_it(preloaded_module, own_servers, tm
 
 
 def test_the_server_refuses_to_fork_with_threads_running():
-    assert server._unsafe_threads(server._native_threads()) == ""
-    stop = threading.Event()
-    thread = threading.Thread(target=stop.wait)
-    thread.start()
-    try:
-        assert "Python threads" in server._unsafe_threads(server._native_threads())
-    finally:
-        stop.set()
-        thread.join()
+    # In a fresh interpreter, as the server is: this pytest process may run threads of its own
+    # (the harness starting a module's ranks in the background).
+    code = (
+        "import threading\n"
+        "from accel.sim.runtime import server\n"
+        "native = server._native_threads()\n"
+        "print(repr(server._unsafe_threads(native)))\n"
+        "stop = threading.Event()\n"
+        "thread = threading.Thread(target=stop.wait)\n"
+        "thread.start()\n"
+        "print(repr(server._unsafe_threads(native)))\n"
+        "stop.set()\n"
+        "thread.join()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    alone, with_a_thread = out.stdout.splitlines()
+    assert alone == "''"
+    assert "runs 2 Python threads" in with_a_thread
 
 
 @pytest.mark.parametrize(
@@ -213,6 +228,25 @@ def test_the_first_pool_starts_while_pytest_collects_and_serves_the_first_test(p
     )
     pytester.runpytest(*NO_HYPOTHESIS).assert_outcomes(passed=1)
     assert (pytester.path / "started").read_text() == "1"  # started ahead, then used
+
+
+def test_no_pool_starts_for_a_module_the_command_line_leaves_out(pytester):
+    # pytest makes a module node for each file of the folder (test_h_a.py too) before it keeps
+    # the one named; test_h_a.py's distributed test never runs, and no ranks start for it.
+    pytester.makepyfile(test_h_a=RECORDING.format(name="a"), test_h_b="def test_plain():\n    pass\n")
+    pytester.makeconftest(
+        """
+        import pathlib, threading
+        from harness.plugin import MANAGER_KEY
+
+        def pytest_sessionfinish(session):
+            started = session.config.stash[MANAGER_KEY].pools_started
+            starting = [t.name for t in threading.enumerate() if t.name.startswith("accel-sim-prestart")]
+            (pathlib.Path(__file__).parent / "started").write_text(f"{started} {starting}")
+        """
+    )
+    pytester.runpytest(*NO_HYPOTHESIS, "test_h_b.py").assert_outcomes(passed=1)
+    assert (pytester.path / "started").read_text() == "0 []"
 
 
 # -- the first session: ranks forked from the session itself -----------------------------------
