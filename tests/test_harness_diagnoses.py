@@ -292,9 +292,11 @@ def _line_here(text):
         return next(number for number, line in enumerate(handle, 1) if line.strip() == text)
 
 
-def test_the_exchange_hands_each_peer_the_signature_it_waits_for(tmp_path):
+def test_the_exchange_hands_each_peer_the_signature_it_waits_for(tmp_path, monkeypatch):
     import threading
+    import time
 
+    from accel.sim.diagnoses import collectives
     from accel.sim.diagnoses.collectives import _SYS_FUTEX, _Exchange
 
     if _SYS_FUTEX is None:
@@ -302,10 +304,17 @@ def test_the_exchange_hands_each_peer_the_signature_it_waits_for(tmp_path):
     path = str(tmp_path / "check.shm")
     mine, peer = _Exchange(path, 0, 2), _Exchange(path, 1, 2)
     assert mine.collect([1], 5, "default", 1, timeout=0.2) is None  # nothing published: the timeout
-    later = threading.Timer(0.1, peer.publish, args=(5, "default", 1, "all_reduce(float32[2])"))
+    # The waiter sleeps on the peer's futex for the whole timeout unless the publish wakes it
+    # (its usual slice would have it look again anyway): a lost wake-up returns after 20 s.
+    monkeypatch.setattr(collectives, "_WAIT_SLICE", 20.0)
+    later = threading.Timer(0.2, peer.publish, args=(5, "default", 1, "all_reduce(float32[2])"))
+    start = time.monotonic()
     later.start()
-    assert mine.collect([1], 5, "default", 1, timeout=30) == {1: "all_reduce(float32[2])"}  # woken by it
+    assert mine.collect([1], 5, "default", 1, timeout=20) == {1: "all_reduce(float32[2])"}
+    waited = time.monotonic() - start
     later.join()
+    assert waited < 10, f"the waiter saw the signature after {waited:.1f} s: the publish did not wake it"
+    monkeypatch.undo()
     peer.publish(5, "default", 2, "barrier()")
     # one collective ahead, the peer still shows the one before; not another task's, nor another group's
     assert mine.collect([1], 5, "default", 1, timeout=1) == {1: "all_reduce(float32[2])"}
