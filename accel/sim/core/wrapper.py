@@ -158,13 +158,13 @@ class WrapperTensor(torch.Tensor):
         cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         # The common case inline (every op comes here, so each call saved counts): an op with
-        # no keyword arguments that returns no argument of its own, on tensors of one device,
+        # no keyword arguments that reshapes none of its arguments, on tensors of one device,
         # unwrapped in the same pass that checks them. Anything else: `dispatch`.
         sim = cls._sim
         facts = getattr(func, cls._facts_key, None)
         if facts is None:
             facts = _facts(cls, func)
-        if kwargs or facts[0] is not None or facts[2] or sim.general:
+        if kwargs or facts[0] is not None or facts[3] or sim.general:
             return dispatch(cls, func, args, kwargs or {})
         device = None
         inner_args = []
@@ -191,6 +191,10 @@ class WrapperTensor(torch.Tensor):
             if device is not None:
                 index = device.index or 0
                 out = sim.draw(index, func, inner_args, {}) if facts[1] else func(*inner_args)
+                if facts[2]:  # written into an argument (add_, ...): that very wrapper comes back
+                    seen = {id(value._inner): value for value in args if type(value) is cls}
+                    same = seen.get(id(out))
+                    return same if same is not None else _wrap_results(cls, out, seen, device)
                 if type(out) is torch.Tensor:
                     if sim.counting and not facts[4]:  # a view's storage is its base's, counted already
                         sim.track(out, index)
@@ -367,11 +371,22 @@ def _unwrap_args(cls: type[WrapperTensor], value: Any, seen: dict[int, WrapperTe
     return value
 
 
+def _new(cls: type[WrapperTensor], inner: torch.Tensor, device: torch.device) -> WrapperTensor:
+    # `cls(inner, device)` without the class call's overhead: every op's result comes here
+    sim = cls._sim
+    if sim.counting:
+        sim.track(inner, device.index or 0)
+    self = _make_wrapper(cls, inner, sim.hidden_devices[device.index or 0], False)
+    self._inner = inner
+    self._shown = device
+    return self
+
+
 def _wrap_results(cls: type[WrapperTensor], value: Any, seen: dict[int, WrapperTensor], device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         # An in-place or out= op returns one of its inputs: give back that very wrapper.
         same = seen.get(id(value))
-        return same if same is not None else cls(value, device)
+        return same if same is not None else _new(cls, value, device)
     if isinstance(value, (list, tuple)):
         items = [_wrap_results(cls, item, seen, device) for item in value]
         return items if type(value) is list else type(value)(items)
@@ -480,7 +495,7 @@ def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict, *, 
             _follow_inner(wrapper)
     if type(out) is torch.Tensor:
         same = seen.get(id(out))
-        return same if same is not None else cls(out, device)
+        return same if same is not None else _new(cls, out, device)
     return _wrap_results(cls, out, seen, device)
 
 
