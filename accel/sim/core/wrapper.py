@@ -130,13 +130,7 @@ class WrapperTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, inner: torch.Tensor, device: torch.device, requires_grad: bool = False) -> WrapperTensor:
-        sim = cls._sim
-        if sim.counting:
-            sim.track(inner, device.index or 0)
-        self = _make_wrapper(cls, inner, sim.hidden_devices[device.index or 0], requires_grad)
-        self._inner = inner
-        self._shown = device
-        return self
+        return _new(cls, inner, device, requires_grad)
 
     # -- what Python sees ------------------------------------------------------------------
 
@@ -371,12 +365,12 @@ def _unwrap_args(cls: type[WrapperTensor], value: Any, seen: dict[int, WrapperTe
     return value
 
 
-def _new(cls: type[WrapperTensor], inner: torch.Tensor, device: torch.device) -> WrapperTensor:
+def _new(cls: type[WrapperTensor], inner: torch.Tensor, device: torch.device, requires_grad: bool = False) -> Any:
     # `cls(inner, device)` without the class call's overhead: every op's result comes here
     sim = cls._sim
     if sim.counting:
         sim.track(inner, device.index or 0)
-    self = _make_wrapper(cls, inner, sim.hidden_devices[device.index or 0], False)
+    self = _make_wrapper(cls, inner, sim.hidden_devices[device.index or 0], requires_grad)
     self._inner = inner
     self._shown = device
     return self
