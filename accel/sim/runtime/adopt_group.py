@@ -31,17 +31,16 @@ from __future__ import annotations
 import datetime
 import functools
 import os
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-#: the backend torch picks for `init_process_group()` without one, per simulated device:
-#: the accelerator's own (torch >= 2.6 asks `torch._C._get_accelerator()`)
-DEFAULT_BACKEND = {"cpu": "gloo", "cuda": "nccl", "xla": "gloo"}
-
 _device: str | None = None
+#: the device's hooks, `accel.sim.<device>.rank` (None: the CPU's defaults; see `accel.sim.devices`)
+_rank: ModuleType | None = None
 _original_init: Any = None
 _original_get_backend: Any = None
 #: what each group created here was asked for (what `get_backend` answers)
@@ -56,14 +55,10 @@ class IncompatibleProcessGroupRequest(RuntimeError):
     """`init_process_group` asked for a group this simulated rank cannot give."""
 
 
-def install(device: str) -> None:
+def install(device: str, rank: ModuleType | None = None) -> None:
     """Wrap `init_process_group` and `get_backend` in this simulated rank (idempotent)."""
-    global _device, _original_init, _original_get_backend
-    _device = device
-    if device == "cuda":
-        from accel.sim.cuda import nccl_group
-
-        nccl_group.install()
+    global _device, _rank, _original_init, _original_get_backend
+    _device, _rank = device, rank
     if _original_init is not None:
         return
     _original_init = distributed_c10d.init_process_group
@@ -88,15 +83,18 @@ def get_backend(group: Any = None) -> str:
     label = _labels.get(group if group is not None else dist.group.WORLD)
     if label is not None:
         return _equivalents().get(label, label)
-    from accel.sim.cuda.nccl_group import to_user
+    return getattr(_rank, "to_user", _unchanged)(_original_get_backend(group))
 
-    return to_user(_original_get_backend(group))
+
+def _unchanged(backend: Any) -> Any:
+    return backend
 
 
 def _normalise(backend: Any) -> str:
     text = str(backend).lower() if backend is not None else "undefined"
     if text == "undefined":
-        return DEFAULT_BACKEND.get(_device or "cpu", "gloo")
+        # the accelerator's own (torch >= 2.6 asks `torch._C._get_accelerator()`)
+        return str(getattr(_rank, "DEFAULT_BACKEND", "gloo"))
     if ":" in text:
         return ",".join(sorted(pair.strip() for pair in text.split(",")))
     return text
@@ -104,15 +102,11 @@ def _normalise(backend: Any) -> str:
 
 def _equivalents() -> dict[str, str]:
     """Backends the simulator uses under names of its own -> the request each answers exactly."""
-    if _device != "cuda":
-        return {}
-    from accel.sim.cuda import group as cuda_group
-
-    return {cuda_group.BACKEND_NAME: "cpu:gloo,cuda:nccl"}
+    return getattr(_rank, "EQUIVALENTS", {})
 
 
 def _check_possible(wanted: str, world_size: int, rank: int) -> None:
-    if "nccl" in wanted and _device != "cuda":
+    if "nccl" in wanted and not getattr(_rank, "HAS_NCCL", False):
         raise IncompatibleProcessGroupRequest(
             f"Distributed package doesn't have NCCL built in (accel.sim: this rank simulates {_device!r}, where "
             "NCCL has no GPU to run on, as on a machine without GPUs; use backend 'gloo', or simulate GPUs with "
@@ -167,11 +161,7 @@ def _bind_eagerly(device_id: Any) -> None:
 
 def create(label: str, timeout: datetime.timedelta | None = None, pg_options: Any = None) -> None:
     """Create the default group for backend `label` from the launcher's environment."""
-    backend: Any = label
-    if _device == "cuda":
-        from accel.sim.cuda import nccl_group
-
-        backend = nccl_group.to_torch(label)
+    backend = getattr(_rank, "to_torch", _unchanged)(label)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     options: dict[str, Any] = {}
     if timeout is not None:
