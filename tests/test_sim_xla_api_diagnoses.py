@@ -59,7 +59,7 @@ def reduce_or_gather():
 def test_an_xm_collective_only_some_cores_reach_is_a_deadlock(world_size):
     with pytest.raises(DistributedDeadlock) as info:
         launch(only_master_reduces, world_size=world_size, device="xla", timeout=120)
-    others = "rank 1" if world_size == 2 else f"ranks 1–{world_size - 1}"
+    others = _others(world_size)
     assert info.value.summary.startswith(
         f"deadlock: rank 0 waits in all_reduce (its collective #1) at {HERE}:{_line('LINE-LONELY-XM')}; "
         f"{others} already returned"
@@ -82,12 +82,20 @@ def test_cores_calling_different_xm_collectives_fail_at_once_naming_each(world_s
     with pytest.raises(DistributedFailure) as info:
         launch(reduce_or_gather, world_size=world_size, device="xla", timeout=120)
     error = info.value
-    others = "rank 1" if world_size == 2 else f"ranks 1–{world_size - 1}"
+    others = _others(world_size)
     here = os.path.basename(HERE)
     assert error.summary.startswith(
         f"collective mismatch: rank 0 all_reduce(float32[4], op=SUM) at {here}:{_line('LINE-XM-REDUCE')}; "
         f"{others} all_gather(float32[4]) at {here}:{_line('LINE-XM-GATHER')}"
     )
+    _every_rank_saw_the_mismatch(error, world_size)
+
+
+def _others(world_size):
+    return "rank 1" if world_size == 2 else f"ranks 1–{world_size - 1}"
+
+
+def _every_rank_saw_the_mismatch(error, world_size):
     assert set(error.failures) == set(range(world_size))
     assert all(isinstance(f.exception, CollectiveMismatch) for f in error.failures.values())
 
@@ -174,7 +182,7 @@ def test_new_replica_groups_only_some_cores_reach_are_a_deadlock(world_size):
 def test_the_xla_group_of_a_gloo_script_only_one_core_reaches_is_a_deadlock(world_size):
     with pytest.raises(DistributedDeadlock) as info:
         launch(first_xm_reduce_on_a_gloo_default_group_on_one_core, world_size=world_size, device="xla", timeout=120)
-    others = "rank 1" if world_size == 2 else f"ranks 1–{world_size - 1}"
+    others = _others(world_size)
     assert info.value.summary.startswith(
         f"deadlock: rank 0 waits in all_gather with a new group of all replicas (its collective #1) "
         f"at {HERE}:{_line('LINE-LONELY-XLA-GROUP')}; {others} already returned"
@@ -186,15 +194,14 @@ def test_new_replica_groups_on_one_core_and_no_groups_on_the_others_fail_naming_
     with pytest.raises(DistributedFailure) as info:
         launch(grouped_reduce_or_plain_reduce, world_size=world_size, device="xla", timeout=120)
     error = info.value
-    others = "rank 1" if world_size == 2 else f"ranks 1–{world_size - 1}"
+    others = _others(world_size)
     here = os.path.basename(HERE)
     assert error.summary.startswith(
         f"collective mismatch: rank 0 all_reduce with new replica groups {_pairs(world_size)} at "
         f"{here}:{_line('LINE-GROUPED-REDUCE')}; {others} all_reduce(float32[4], op=SUM) at "
         f"{here}:{_line('LINE-PLAIN-REDUCE')}"
     )
-    assert set(error.failures) == set(range(world_size))
-    assert all(isinstance(f.exception, CollectiveMismatch) for f in error.failures.values())
+    _every_rank_saw_the_mismatch(error, world_size)
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
