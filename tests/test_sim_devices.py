@@ -13,7 +13,7 @@ import pytest
 
 import accel.sim
 from accel.backends import ENV_VAR
-from accel.sim import devices
+from accel.sim import device_names, devices
 from accel.sim.runtime import adopt_group
 
 #: a new kind of simulated device: one subpackage, its `rank` module recording what it was asked
@@ -116,3 +116,12 @@ def test_adopt_group_asks_the_device(toy, monkeypatch):
         {},
         "gloo",
     )
+
+
+def test_the_devices_are_the_cpu_and_the_subpackages_with_a_rank_module(tmp_path):
+    assert device_names.DEVICES == ("cpu", "cuda", "xla")  # core/, runtime/, diagnoses/ are not devices
+    for name, files in {"toy": ["__init__.py", "rank.py"], "helpers": ["__init__.py"], "loose": ["rank.py"]}.items():
+        (tmp_path / name).mkdir()
+        for file in files:
+            (tmp_path / name / file).write_text("")
+    assert device_names.subpackages_with_rank(tmp_path) == ["toy"]

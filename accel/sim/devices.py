@@ -14,8 +14,8 @@ accel's registry, named by `ACCEL_BACKEND`, plus whatever the user's code must s
   `xla/stub/`, put first on `sys.path` of this process only, so that the real XLA
   backend imports it as it would on a TPU.
 
-A new kind of simulated device is one new subpackage `accel/sim/<name>/` (and its name in
-`accel.sim.device_names.DEVICES`), whose module `accel.sim.<name>.rank` is all this
+A new kind of simulated device is one new subpackage `accel/sim/<name>/` (found by its
+files: `accel.sim.device_names.DEVICES`), whose module `accel.sim.<name>.rank` is all this
 runtime asks of it (`accel/sim/cuda/rank.py`, `accel/sim/xla/rank.py`):
 
 * `BACKEND`: the accel backend `ACCEL_BACKEND` names in its ranks;
