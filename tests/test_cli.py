@@ -330,8 +330,10 @@ state = PartialState()
 total = state.hardware.all_reduce(torch.tensor([state.process_index + 1.0], device=state.device)).item()
 print(f"rank {state.process_index}/{state.num_processes} {state.distributed_type} "
       f"cuda={torch.cuda.is_available()} total={total} args={sys.argv[1:]}", flush=True)
-if "--fail" in sys.argv and state.process_index == 1:
-    raise ValueError("rank one fails on purpose")
+if "--fail" in sys.argv:
+    state.wait_for_everyone()  # all have printed: the others are not stopped before their line (1 s grace)
+    if state.process_index == 1:
+        raise ValueError("rank one fails on purpose")
 if "--accelerator" in sys.argv:
     from accel import Accelerator
     print(f"accumulation={Accelerator().gradient_accumulation_steps} threads={torch.get_num_threads()}", flush=True)

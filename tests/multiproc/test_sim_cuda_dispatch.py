@@ -1,7 +1,7 @@
 """The two paths an op on simulated CUDA tensors takes agree with a GPU.
 
-Most ops (no keyword arguments, all tensors on one simulated GPU, returning no argument
-of their own) take a short path in `SimCudaTensor.__torch_dispatch__`; the rest take the
+Most ops (no keyword arguments, all tensors on one simulated GPU, reshaping no argument)
+take a short path in the core wrapper's `__torch_dispatch__`; the rest take the
 general one. These tests run ops on both sides of that line.
 """
 
@@ -90,3 +90,15 @@ def test_attention_takes_a_fused_kernel_as_on_a_gpu(rank):
     assert torch.allclose(masked.cpu(), F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-6)
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         F.scaled_dot_product_attention(gq, gk, gv, attn_mask=torch.ones(16, 16))
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_index_tensors_on_another_gpu_fail_as_on_a_gpu(rank):
+    x = torch.arange(12.0, device="cuda:0").reshape(3, 4)
+    elsewhere = torch.tensor([0, 2], device="cuda:1")
+    words = r"indices should be either on cpu or on the same device as the indexed tensor \(cuda:0\)"
+    with pytest.raises(RuntimeError, match=words):
+        x[elsewhere]  # the index list starts with the tensor
+    with pytest.raises(RuntimeError, match=words):
+        x[:, elsewhere]  # the index list starts with None: the short path must not take it
+    assert x[:, elsewhere.cpu()].tolist() == x[:, elsewhere.to("cuda:0")].tolist() == [[0, 2], [4, 6], [8, 10]]

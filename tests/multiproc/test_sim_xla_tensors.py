@@ -151,18 +151,21 @@ def test_empty_tensors_are_zeros_as_xla_makes_them(rank):
 
 
 @distributed_test(world_size=SIZES, device="xla")
-def test_a_parameters_data_moves_onto_the_core_and_back(rank):
+def test_data_swaps_between_xla_tensors_only(rank):
     import torch_xla
 
     device = torch_xla.device()
     layer = torch.nn.Linear(3, 2)
+    # torch lets only CPU-like tensor types swap data (`has_compatible_shallow_copy_type`): not XLA's
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        layer.weight.data = layer.weight.data.to(device)
+    layer = layer.to(device)  # what torch_xla's docs do: new parameter objects on the core
     weight = layer.weight
-    weight.data = weight.data.to(device)  # the object stays, its data move (as torch_xla's FSDP does)
-    assert layer.weight is weight and isinstance(weight, torch.nn.Parameter) and weight.device == device
-    layer.bias.data = layer.bias.data.to(device)
+    weight.data = torch.full((2, 3), 2.0, device=device)  # between XLA tensors: the object stays
+    assert layer.weight is weight and weight.device == device and weight.sum().item() == 12
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        weight.data = torch.zeros(2, 3)
     layer(torch.ones(1, 3, device=device)).sum().backward()
     assert weight.grad.device == device
     with pytest.raises(RuntimeError, match="attempting to assign a gradient with device type 'cpu'"):
         weight.grad = torch.zeros(2, 3)
-    weight.data = weight.data.cpu()
-    assert weight.device == torch.device("cpu") and layer.weight is weight

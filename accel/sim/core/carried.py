@@ -53,7 +53,7 @@ class PythonGroup(_ProcessGroup):
 
 def _forwarding(name: str) -> Callable[..., Any]:
     """A method that calls the group's method `name` with its arguments."""
-    return lambda self, *args: getattr(self, name)(*args)
+    return lambda self, *args, **kwargs: getattr(self, name)(*args, **kwargs)
 
 
 class CarriedGroup(PythonGroup):

@@ -44,6 +44,9 @@ class SimDevice:
     hidden: str = ""
     #: whether a plain int names one of its devices (`.to(0)` means cuda:0 on a GPU host)
     takes_ordinals: bool = False
+    #: whether `t.data = x` may move a tensor between the host and this device (torch lets
+    #: CPU and CUDA tensors swap data, `has_compatible_shallow_copy_type`; not XLA tensors)
+    swaps_data_with_host: bool = False
 
     def __init__(self, count: int = 1) -> None:
         #: the hidden C++ devices, one per shown device (filled by `attach`, once the hidden device is registered)
@@ -179,8 +182,10 @@ class WrapperTensor(torch.Tensor):
                 inner_args.append([item._inner for item in value] if kind is list else tuple(i._inner for i in value))
             elif isinstance(value, torch.Tensor):
                 break  # a CPU tensor: the device's rules decide
+            elif (kind is list or kind is tuple) and any(isinstance(item, torch.Tensor) for item in value):
+                break  # tensors after a None (index lists: x[:, idx]): the device's rules decide
             else:
-                inner_args.append(_inner_of(cls, value) if kind is list or kind is tuple else value)
+                inner_args.append(value)
         else:
             if device is not None:
                 index = device.index or 0
@@ -422,6 +427,8 @@ def _one_device(cls: type[WrapperTensor], args: tuple, kwargs: dict) -> torch.de
                     device = shared
                 elif shared is not device and shared != device:
                     return None
+            elif isinstance(value, (list, tuple)) and any(isinstance(item, torch.Tensor) for item in value):
+                return None  # tensors after a None (index lists: x[:, idx]): the device's rules decide
     return device
 
 
@@ -681,8 +688,8 @@ def install_entry_points(cls: type[WrapperTensor]) -> dict[str, Callable[..., An
 def set_data(cls: type[WrapperTensor], tensor: torch.Tensor, new: torch.Tensor) -> bool:
     """`tensor.data = new` where either is on `cls`'s device, as on that device; False when torch's setter serves.
 
-    On a GPU or TPU, `set_data` lets a tensor (a parameter, typically) change device and
-    dtype while it stays the same Python object: libraries move and shard parameters that
+    On a GPU, `set_data` lets a tensor (a parameter, typically) change device and dtype
+    while it stays the same Python object: libraries move and shard parameters that
     way (FSDP2's `param.data = param.to(device)`). torch's own setter cannot move a tensor
     between the CPU and the hidden device, so the object's contents are swapped for a
     tensor sharing `new`'s data (`torch.utils.swap_tensors`, as `nn.Module.to` does for such
@@ -690,8 +697,8 @@ def set_data(cls: type[WrapperTensor], tensor: torch.Tensor, new: torch.Tensor) 
     gradient is kept when it still fits (same device and dtype), as torch requires.
     """
     old, now = type(tensor) is cls, type(new) is cls
-    if not (old or now):
-        return False
+    if not (old or now) or (old != now and not cls._sim.swaps_data_with_host):
+        return False  # torch's setter: its own words for tensors that cannot swap data
     if old and now:
         # Both wrappers: torch's setter takes the sizes, dtype and flags; the data is the inner tensor's.
         torch_internals.data_descriptor().__set__(tensor, new)

@@ -35,6 +35,7 @@ class CudaDevice(core.SimDevice):
     type = "cuda"
     hidden = cuda_state.HIDDEN_DEVICE
     takes_ordinals = True
+    swaps_data_with_host = True
 
     def __init__(self) -> None:
         super().__init__(0)
@@ -99,7 +100,7 @@ dispatch = functools.partial(core.dispatch, SimCudaTensor)
 op_device = functools.partial(core.op_device, SimCudaTensor)
 #: run `func` on CPU tensors for a simulated GPU, on that GPU's generator if it draws
 run_on = functools.partial(core.run_on, SimCudaTensor)
-#: have ops handled apart (`handler(args, kwargs)`), before any of them ran on a simulated GPU
+#: have ops handled apart on simulated GPUs (`handler(args, kwargs)`)
 add_special = functools.partial(core.add_special, SimCudaTensor)
 
 
