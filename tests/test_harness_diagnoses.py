@@ -324,3 +324,41 @@ def test_the_exchange_hands_each_peer_the_signature_it_waits_for(tmp_path, monke
     long = "all_gather([" + ", ".join(["float32[3]"] * 50) + "])"
     peer.publish(5, "other", 1, long)
     assert mine.collect([1], 5, "other", 1, timeout=1)[1].startswith("#")  # a digest of it
+
+
+def test_the_exchange_never_hands_out_a_half_written_slot(tmp_path):
+    """A rank preempted while it rewrites its slot leaves it half new, half old; cut inside a signature
+    in both, the mix parses and names another collective (seen in a full suite: the peers that read it
+    saw a mismatch no other rank saw, and waited for the others' details until the timeout)."""
+    import json
+    import threading
+
+    from accel.sim.diagnoses import collectives
+    from accel.sim.diagnoses.collectives import _SYS_FUTEX, SLOT_SIZE, _Exchange
+
+    if _SYS_FUTEX is None:
+        pytest.skip("no futex on this machine: the check goes through the store")
+    mine, peer = _Exchange(str(tmp_path / "check.shm"), 0, 2), _Exchange(str(tmp_path / "check.shm"), 1, 2)
+    finished = _Exchange(str(tmp_path / "finished.shm"), 1, 2)  # the same writes, all of them done
+    calls = ["all_reduce(float32[3])", "all_gather_object()", "broadcast_object_list(1 objects, src=0)"]
+    for seq, call in enumerate(calls, 124):
+        finished.publish(13, "default:cpu", seq, call)
+        if seq < 126:
+            peer.publish(13, "default:cpu", seq, call)
+    start, data = SLOT_SIZE + collectives._SLOT_HEADER, SLOT_SIZE + 4
+
+    def slot(exchange):
+        return exchange.memory[start : start + int.from_bytes(exchange.memory[data : data + 4], "little")]
+
+    old, new = slot(peer), slot(finished)
+    # The rank stopped after the first 64 bytes of its copy: the old length, new bytes then old ones.
+    torn = new[:64] + old[64:]
+    peer.memory[start : start + len(torn)] = torn
+    seq, signature = json.loads(torn)["c"]["default:cpu"][:2]
+    assert seq == 126 and signature == "broadcast_object_list(1 objectse(float32[3])"  # parses, as another call
+    assert mine.collect([1], 13, "default:cpu", 126, timeout=0.2) is None  # not the torn one: waits for the rest
+    # The rank, back on a core, finishes its write (and wakes the waiter).
+    later = threading.Timer(0.2, peer.publish, args=(13, "default:cpu", 126, calls[2]))
+    later.start()
+    assert mine.collect([1], 13, "default:cpu", 126, timeout=10) == {1: calls[2]}
+    later.join()

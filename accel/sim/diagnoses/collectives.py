@@ -19,8 +19,10 @@ another (`all_gather_object` calls `all_gather`) counts once, as the outer one. 
   collective and the line of the user's code that called it. The signatures go through
   the rendezvous store; with `ACCEL_SIM_CHECK_EXCHANGE=shm` they go through memory the
   pool's ranks share instead (`_Exchange`: one slot per rank, peers woken with a futex;
-  Linux on x86-64 or arm64), which costs no round trip to the store but was once seen to
-  leave two ranks of four waiting in a full suite: opt-in until that is understood. A
+  Linux on x86-64 or arm64), which costs no round trip to the store. It is opt-in since a
+  full suite saw it leave two ranks of four waiting: they had read a slot half rewritten
+  (its rank preempted mid-copy) that parsed as another signature, saw a mismatch no other
+  rank saw and waited for the others' details; slots now carry a checksum (`_Exchange`). A
   mismatch's details (full signatures, where each was called) always go through the store.
 
 A step every rank of a group must reach together that is not a collective of its own
@@ -48,6 +50,7 @@ import platform
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -110,9 +113,10 @@ _LIBRARY_DIRS = tuple(
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine()) if sys.platform == "linux" else None
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 #: bytes of a rank's slot in the shared exchange: a generation counter (the futex word), the
-#: length of what follows, and {"t": task, "c": {channel: [seq, signature, previous signature]}}
+#: length and the CRC-32 of what follows, and {"t": task, "c": {channel: [seq, signature,
+#: previous signature]}}
 SLOT_SIZE = 65536
-_SLOT_HEADER = 8
+_SLOT_HEADER = 12
 #: seconds a rank sleeps on a peer's futex before it looks again (a torn read waits no longer)
 _WAIT_SLICE = 0.05
 #: longest signature published as it is (longer ones are published as a digest)
@@ -138,6 +142,15 @@ class _Exchange:
     and when what it needs is not there yet, sleeps on that generation. A signature needs
     to stay only until the next one of its channel: a peer is never more than one
     collective of a channel ahead (it would need ours to pass its next check).
+
+    A peer may read a slot while its rank rewrites it (nothing locks the slot), and a
+    rank preempted in the middle of the copy leaves it half new, half old for as long
+    as it waits for a core. Such a mix can parse: cut inside a signature in both, it
+    reads as another signature (``[126,"broadcast_object_list(1 objectse(float32[3])"]``
+    was seen), and the peer that read it saw a mismatch no other rank saw, so it waited
+    for their details until the timeout. So the header carries the CRC-32 of the data,
+    written after it: a read whose data does not match it is torn, and the reader sleeps
+    on the generation until the rank has finished writing.
     """
 
     def __init__(self, path: str, rank: int, world_size: int) -> None:
@@ -173,7 +186,9 @@ class _Exchange:
                 )
             start = self.rank * SLOT_SIZE
             self.memory[start + _SLOT_HEADER : start + _SLOT_HEADER + len(data)] = data
-            self.memory[start + 4 : start + 8] = len(data).to_bytes(4, "little")
+            self.memory[start + 4 : start + 12] = len(data).to_bytes(4, "little") + zlib.crc32(data).to_bytes(
+                4, "little"
+            )
             word = self._words[self.rank]
             word.value = (word.value + 1) & 0xFFFFFFFF
         self._futex(self.rank, _FUTEX_WAKE, 0x7FFFFFFF, None)
@@ -199,12 +214,16 @@ class _Exchange:
 
     def _read(self, peer: int, task: int, channel: str, seq: int) -> str | None:
         start = peer * SLOT_SIZE
-        size = int.from_bytes(self.memory[start + 4 : start + 8], "little")
+        header = self.memory[start + 4 : start + 12]
+        size, checksum = int.from_bytes(header[:4], "little"), int.from_bytes(header[4:], "little")
         if not size or size > SLOT_SIZE - _SLOT_HEADER:
             return None
+        data = self.memory[start + _SLOT_HEADER : start + _SLOT_HEADER + size]
+        if zlib.crc32(data) != checksum:
+            return None  # read while the peer rewrote it (torn): it bumps its generation once done
         try:
-            slot = json.loads(self.memory[start + _SLOT_HEADER : start + _SLOT_HEADER + size])
-        except ValueError:  # read while the peer rewrote it: it bumps its generation once done
+            slot = json.loads(data)
+        except ValueError:  # (what the checksum lets through is whole; kept as a last guard)
             return None
         entry = slot.get("c", {}).get(channel) if slot.get("t") == task else None
         if entry is None:
