@@ -120,6 +120,23 @@ def test_sync_step_compile_and_step_closures(rank, world_size):
 
 
 @distributed_test(world_size=SIZES, device="xla")
+def test_eager_mode_as_torch_xlas_eager_examples_set_it(rank, world_size):
+    import torch_xla  # its experimental package comes with it, as on a TPU host
+
+    assert torch_xla.experimental.is_eager_mode() is False  # torch_xla's default (and each test's)
+    torch_xla.experimental.eager_mode(True)
+    assert torch_xla.experimental.is_eager_mode() is True
+    with torch_xla.experimental.eager_mode_context(False) as before:
+        assert before is True and not torch_xla.experimental.is_eager_mode()
+    assert torch_xla.experimental.is_eager_mode() is True
+    # ops run as they come either way: a step in eager mode gives what it gives without it
+    device = torch_xla.device()
+    weight = torch.ones(3, device=device, requires_grad=True)
+    (weight * float(rank + 1)).sum().backward()
+    assert weight.grad.tolist() == [rank + 1.0] * 3
+
+
+@distributed_test(world_size=SIZES, device="xla")
 def test_runtime_cache_and_spmd_refusal(rank, world_size, tmp_path):
     import torch_xla
     import torch_xla.runtime as xr

@@ -150,5 +150,6 @@ def launch(
 # As `import torch_xla` does on a TPU host: the submodules scripts reach as attributes.
 import torch_xla.core.xla_model  # noqa: E402
 import torch_xla.distributed.xla_multiprocessing  # noqa: E402
+import torch_xla.experimental  # noqa: E402
 import torch_xla.runtime  # noqa: E402
 import torch_xla.utils.utils  # noqa: E402

@@ -17,6 +17,8 @@ steps_cleared = 0
 step_closures: list[Callable[[], Any]] = []
 #: whether `torch_xla.compile` has said that it runs eagerly (once per process, or per task in warm ranks)
 compile_warned = False
+#: what `torch_xla.experimental.eager_mode` was last set to (torch_xla's default: off)
+eager_mode = False
 #: the persistent compilation cache path given to `torch_xla.runtime.initialize_cache`
 cache_path: str | None = None
 #: (default process group, replica group): the group xm's collectives use when the
@@ -28,12 +30,13 @@ sub_groups: dict[Any, Any] = {}
 
 def reset() -> None:
     """Forget everything a test did to the simulated device."""
-    global rng_seed, steps, steps_cleared, compile_warned, cache_path, replica_group
+    global rng_seed, steps, steps_cleared, compile_warned, cache_path, replica_group, eager_mode
     rng_seed = DEFAULT_SEED
     steps = 0
     steps_cleared = 0
     step_closures.clear()
     compile_warned = False
+    eager_mode = False
     cache_path = None
     replica_group = None
     sub_groups.clear()
