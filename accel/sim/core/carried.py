@@ -92,16 +92,20 @@ class CarriedGroup(PythonGroup):
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
-        for output, input in zip(outputs, inputs, strict=True):
-            self.all_gather_single(output, input, opts)
-        return completed_work(outputs)
+        return _pair_by_pair(self.all_gather_single, outputs, inputs, opts)
 
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
-        for output, input in zip(outputs, inputs, strict=True):
-            self.reduce_scatter_single(output, input, opts)
-        return completed_work(outputs)
+        return _pair_by_pair(self.reduce_scatter_single, outputs, inputs, opts)
+
+
+def _pair_by_pair(
+    single: Callable[..., Any], outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any
+) -> Any:
+    for output, input in zip(outputs, inputs, strict=True):
+        single(output, input, opts)
+    return completed_work(outputs)
 
 
 @contextlib.contextmanager
