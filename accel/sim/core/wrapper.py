@@ -182,8 +182,8 @@ class WrapperTensor(torch.Tensor):
                 inner_args.append([item._inner for item in value] if kind is list else tuple(i._inner for i in value))
             elif isinstance(value, torch.Tensor):
                 break  # a CPU tensor: the device's rules decide
-            elif (kind is list or kind is tuple) and any(isinstance(item, torch.Tensor) for item in value):
-                break  # tensors after a None (index lists: x[:, idx]): the device's rules decide
+            elif (kind is list or kind is tuple) and value and value[0] is None:
+                break  # an index list with tensors after a None (x[:, idx]): the device's rules decide
             else:
                 inner_args.append(value)
         else:
