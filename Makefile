@@ -6,7 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo bench perf cov clean
+.PHONY: install test test-frameworks lint demo bench perf cov clean
 
 install: $(STAMP)
 
@@ -17,7 +17,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -n 2 -q tests
+	$(PY) -m pytest -n 2 -q -m "not frameworks" tests
+
+# The third-party frameworks' runs on simulated GPUs (Lightning, DeepSpeed, torchtitan): slow, CI's second step.
+test-frameworks: install
+	$(PY) -m pytest -n 2 -q -m frameworks tests
 
 lint: install
 	$(VENV)/bin/ruff check .

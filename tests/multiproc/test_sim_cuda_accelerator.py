@@ -109,7 +109,7 @@ def test_param_data_moves_between_cpu_and_gpu_as_on_a_gpu(rank):
     out = layer(torch.ones(1, 3, device=gpu)).sum()
     out.backward()
     assert weight.grad.device == gpu and weight.grad.tolist() == [[1.0] * 3] * 2
-    del out  # its graph holds the parameter: a move swaps contents, which torch allows only then
+    del out
 
     same = weight.data.clone() * 2
     weight.data = same  # GPU to GPU: shares the new data
@@ -131,9 +131,13 @@ def test_param_data_moves_between_cpu_and_gpu_as_on_a_gpu(rank):
     import weakref
 
     keep = weakref.ref(held)
+    held.data = torch.ones(2, device=gpu)  # a weak reference does not stop it, as on a GPU
+    assert keep() is held and held.device == gpu
+    pinned = torch.nn.Parameter(torch.zeros(2))
+    view = pinned[:1]  # a view holds its C++ tensor: the one move the simulator refuses
     with pytest.raises(RuntimeError, match="cannot move a tensor between cpu and cuda"):
-        held.data = torch.ones(2, device=gpu)
-    assert keep() is held
+        pinned.data = torch.ones(2, device=gpu)
+    assert view.device.type == "cpu"
 
 
 @distributed_test(world_size=SIZES, device="cuda")

@@ -487,3 +487,21 @@ def test_fsdp1_materialises_a_meta_model_on_the_gpu(rank, world_size):
     everyone = [None] * world_size
     dist.all_gather_object(everyone, weights)  # the ranks hold one model
     assert all(torch.equal(a, b) for others in everyone for a, b in zip(others, weights, strict=True))
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_fsdp1_root_without_parameters_of_its_own_computes_on_the_current_gpu(rank):
+    """An auto-wrapped root (Lightning's FSDP with a wrap policy) keeps no parameter: the current GPU it is."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    torch.cuda.set_device(rank)
+    torch.manual_seed(0)
+    model = FSDP(
+        nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)), device_id=rank, auto_wrap_policy=ModuleWrapPolicy({nn.Linear})
+    )
+    assert model.compute_device == torch.device("cuda", rank)
+    out = model(torch.ones(2, 4, device="cuda"))
+    assert out.device == torch.device("cuda", rank) and out.shape == (2, 2)
+    with pytest.raises(ValueError, match=f"Inconsistent compute device and `device_id` on rank {rank}"):
+        FSDP(nn.Sequential(nn.Linear(4, 8)), device_id=1 - rank, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))

@@ -15,9 +15,11 @@ naming the supported torch versions when the installed torch lacks one of them.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -45,7 +47,10 @@ def _has(path: str) -> bool:
 
 #: internal -> why the simulated GPU needs it (the tests check each one is present and works)
 INTERNALS: dict[str, str] = {
-    "torch.Tensor._make_wrapper_subclass": "a tensor whose Python device is cuda:k and whose data is a CPU tensor",
+    "torch.Tensor._make_wrapper_subclass": (
+        "a tensor whose Python device is cuda:k and whose data is a CPU tensor; "
+        "other libraries' wrappers given cuda:k are built on the hidden device"
+    ),
     "torch._C._disabled_torch_function_impl": "the subclass runs no __torch_function__ of its own (speed)",
     "torch.utils.backend_registration._setup_privateuseone_for_python_backend": (
         "C++ sees the wrapper on a Python-registered PrivateUse1 device, on which autograd runs"
@@ -69,6 +74,11 @@ INTERNALS: dict[str, str] = {
     "torch._C.TensorBase.data": "`param.data = x` moves a parameter onto or off a simulated GPU",
     "torch._C.TensorBase.device": "DTensor and other wrappers of simulated CUDA tensors report CUDA",
     "torch._C.TensorBase.grad": "assigning a gradient on the wrong device fails with CUDA's words",
+    "torch._C.TensorBase._use_count": "a tensor moving between host and GPU keeps its identity, knowing who holds it",
+    "torch._C._swap_tensor_impl": "a tensor nothing else holds moves between host and GPU, weakly referenced or not",
+    "torch._C.TensorBase._backward_hooks": "a tensor that moved between host and GPU still runs its gradient hooks",
+    "torch._C.TensorBase._post_accumulate_grad_hooks": "and its post-accumulate-grad hooks",
+    "torch._has_compatible_shallow_copy_type": "Module.cpu() keeps parameters as a GPU does: it moves them in place",
     "torch._C.TensorBase.is_cuda": "DTensor and other wrappers of simulated CUDA tensors are CUDA tensors",
     "torch._C._distributed_c10d.Logger": "DDP does not warn that it has no timer for the hidden device",
     "torch.distributed.distributed_c10d._resolve_process_group": "functional collectives name their group",
@@ -86,7 +96,18 @@ INTERNALS: dict[str, str] = {
     "torch.distributed.fsdp._init_utils._get_device_from_device_id": "FSDP1's device_id=<index> means cuda:<index>",
     "torch.distributed.fsdp._init_utils._init_device_handle": "FSDP1's device_id=<index> means cuda:<index>",
     "torch.distributed.fsdp._init_utils._get_compute_device": "FSDP1 computes on cuda:k, not on the hidden device",
+    "torch.distributed.fsdp._init_utils._get_orig_params": "FSDP1 computes on cuda:k for a module without parameters",
     "torch.distributed.fsdp._init_utils._materialize_meta_module": "FSDP1 materialises meta modules on cuda:k",
+    "torch._dynamo.callback.CompilationCallbackHandler": (
+        "the simulated GPU counts no memory for Dynamo's fake tensors, and again once Dynamo has compiled"
+    ),
+    "torch._subclasses.fake_tensor.FakeTensor": "a fake CUDA tensor made while Dynamo traces joins simulated ones",
+    "torch._higher_order_ops.flex_attention.flex_attention": "compiled flex attention runs on simulated tensors",
+    "torch._higher_order_ops.flex_attention.flex_attention_backward": "and so does its backward",
+    "torch._dynamo.trace_rules.add": "torch.compile never traces the simulator's own code (it is the device)",
+    "torch._subclasses.meta_utils.MetaTensorDescriber": (
+        "torch.compile's Dynamo makes fake tensors of simulated ones from their own storage, not their data's"
+    ),
     "torch._C._current_autograd_node": (
         "out-of-memory in backward waits until backward returns: C++ would abort unwinding it through the guard"
     ),
@@ -106,7 +127,13 @@ def missing_internals() -> list[str]:
 
 
 #: packages whose internals are checked (and patched) only once a rank imports them
-LAZY = ("torch.distributed.tensor.", "torch.distributed.fsdp.")
+LAZY = (
+    "torch.distributed.tensor.",
+    "torch.distributed.fsdp.",
+    "torch._subclasses.",
+    "torch._dynamo.",
+    "torch._higher_order_ops.",
+)
 
 
 def _has_dotted(name: str) -> bool:
@@ -806,8 +833,16 @@ def show_fsdp1_devices_as(hidden: str, shown: Callable[[int], torch.device]) -> 
         def _init_device_handle(state: Any, module: Any, ignored_params: Any, device_id: Any) -> Any:
             return init_handle(state, module, ignored_params, as_shown(device_id))
 
-        def _get_compute_device(*args: Any) -> Any:
-            return as_shown(compute_device(*args))
+        def _get_compute_device(module: Any, ignored: Any, from_id: Any, rank: int, handle: Any) -> Any:
+            param = next(init_utils._get_orig_params(module, ignored), None)
+            if param is not None and param.device.type != "cpu":
+                return as_shown(compute_device(module, ignored, from_id, rank, handle))
+            # no parameter of its own on the GPU (an auto-wrapped root, a re-wrap): the current
+            # GPU, which torch names with a bare index (the hidden device)
+            current = shown(handle.current_device())
+            if from_id is not None and current != as_shown(from_id):
+                raise ValueError(f"Inconsistent compute device and `device_id` on rank {rank}: {current} vs {from_id}")
+            return current
 
         def _materialize_meta_module(root: Any, device_id: Any, *args: Any) -> Any:
             device = shown(torch.cuda.current_device()) if device_id is None else as_shown(device_id)
@@ -845,3 +880,315 @@ def object_collective_device(group: Any) -> Any:
     from torch.distributed.distributed_c10d import _get_object_coll_device
 
     return _get_object_coll_device(group)
+
+
+# -- torch.compile ----------------------------------------------------------------------------
+
+#: set while Dynamo's fake-tensor converter describes a wrapper (`describing_wrapper`)
+_describing = threading.local()
+
+
+def describing_wrapper() -> bool:
+    """Whether Dynamo's fake-tensor converter is describing a simulated tensor on this thread."""
+    return getattr(_describing, "active", False)
+
+
+def describe_wrappers_for_tracing(cls: type) -> None:
+    """Dynamo's fake copy of a `cls` tensor is built from the wrapper's own storage, not its data's.
+
+    A simulated tensor reports its inner tensor's storage (what aliases what), which the
+    fake-tensor converter (`MetaTensorDescriber.describe_tensor`, private) then meets twice,
+    once for the wrapper and once for the inner tensor it flattens to, and takes for an alias
+    it cannot build ("Attempted to set the storage of a tensor on device simcuda:0 to a
+    storage on different device meta"). While it describes a wrapper, `untyped_storage()`
+    gives the wrapper's own (`describing_wrapper`); aliasing is still seen through the inner tensors.
+    """
+
+    def patch(meta_utils: Any) -> None:
+        describe = meta_utils.MetaTensorDescriber.describe_tensor
+        if getattr(describe, "_accel_sim", False):
+            return
+
+        def describe_tensor(self: Any, t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(t, cls) or describing_wrapper():
+                return describe(self, t, *args, **kwargs)
+            _describing.active = True
+            try:
+                return describe(self, t, *args, **kwargs)
+            finally:
+                _describing.active = False
+
+        describe_tensor._accel_sim = True  # type: ignore[attr-defined]
+        meta_utils.MetaTensorDescriber.describe_tensor = describe_tensor
+
+    after_import("torch._subclasses.meta_utils", patch)
+
+
+def keep_dynamo_out_of(package: str) -> None:
+    """Dynamo never traces the code of `package` (`trace_rules.add`, private): it runs as the device's, eagerly.
+
+    Ops on a simulated tensor run the simulator's `__torch_dispatch__` in Python; on a GPU
+    they are kernels, which Dynamo neither compiles nor inlines. Without this, a frame that
+    Dynamo leaves to run eagerly has its simulated ops compiled as user code.
+    """
+    after_import("torch._dynamo.trace_rules", lambda trace_rules: trace_rules.add(package))
+
+
+def around_dynamo_compiles(start: Callable[[], None], end: Callable[[], None]) -> None:
+    """Call `start()` when Dynamo starts compiling a frame and `end()` when it is done (nested compiles: once).
+
+    While Dynamo traces, the simulated tensors it meets hold fake data: what runs on them
+    then is not the program's work (no memory, no random numbers). The handler's methods
+    are patched, not its list of callbacks, which `torch._dynamo.reset()` empties.
+    """
+
+    def register(callback: Any) -> None:
+        handler = callback.CompilationCallbackHandler
+        run_start, run_end = handler.run_start_callbacks, handler.run_end_callbacks
+        if getattr(run_start, "_accel_sim", False):
+            return
+
+        def run_start_callbacks(self: Any, args: Any) -> None:
+            start()
+            run_start(self, args)
+
+        def run_end_callbacks(self: Any, args: Any) -> None:
+            try:
+                run_end(self, args)
+            finally:
+                end()
+
+        run_start_callbacks._accel_sim = True  # type: ignore[attr-defined]
+        handler.run_start_callbacks = run_start_callbacks
+        handler.run_end_callbacks = run_end_callbacks
+
+    after_import("torch._dynamo.callback", register)
+
+
+def is_fake(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is one of Dynamo's fake tensors (only while it traces)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
+
+
+# -- other libraries' tensor subclasses ----------------------------------------------------------
+
+
+def build_wrapper_subclasses_on(hidden: str, shown: str) -> None:
+    """Wrapper subclasses that libraries build for a `shown` device (cuda:k) sit on `hidden`:k instead.
+
+    A library's own wrapper around a simulated tensor (torchao's float8 weights for FSDP's
+    float8 all-gather, the functional collectives' `AsyncCollectiveTensor`) calls
+    `torch.Tensor._make_wrapper_subclass(..., device=inner.device)` (private). The inner
+    tensor shows `cuda:k`, and C++ would build a real CUDA tensor, which a CPU build of torch
+    cannot run: the first op that opens a device guard on it (`new_tensor(..., device="cpu")`
+    in `nn.init.trunc_normal_`) fails with "PyTorch is not linked with support for cuda
+    devices". Built on `hidden`:k, the wrapper runs as the simulated tensors do and still
+    shows `shown`:k (`show_hidden_as`). The simulator's own wrapper (`make_wrapper`) keeps
+    torch's function, bound before this patch.
+    """
+    original = torch.Tensor._make_wrapper_subclass
+
+    def make_wrapper_subclass(cls: type, size: Any, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device")
+        if device is not None and not isinstance(device, int):
+            device = torch.device(device)
+            if device.type == shown:
+                kwargs["device"] = torch.device(hidden) if device.index is None else torch.device(hidden, device.index)
+        return original(cls, size, *args, **kwargs)
+
+    if getattr(original, "_accel_sim", False):
+        return
+    make_wrapper_subclass._accel_sim = True  # type: ignore[attr-defined]
+    torch.Tensor._make_wrapper_subclass = staticmethod(make_wrapper_subclass)  # type: ignore[method-assign]  # simulated ranks only
+
+
+# -- profilers with no tool attached ----------------------------------------------------------------
+
+INTERNALS.update(
+    {
+        "torch.cuda.nvtx._nvtx": "NVTX ranges and marks answer as a CUDA build's do with no profiling tool attached",
+        "torch.cuda._cudart": "torch.cuda.cudart() (torch.cuda.profiler.start/stop) answers as CUDA's runtime does",
+        "torch.autograd._supported_activities": "torch.profiler lists CUDA among its activities, as a CUDA build does",
+        "torch.autograd.profiler._supported_activities": "a profile asking for CUDA does not warn at every op",
+        "torch.autograd.profiler.ProfilerState": (
+            "the legacy CUDA profile (use_device='cuda') runs on Kineto: a CPU build cannot record CUDA events"
+        ),
+    }
+)
+
+
+def serve_nvtx(nvtx: Any) -> None:
+    """`torch.cuda.nvtx` calls `nvtx` where a CUDA build calls NVTX's library (`torch.cuda.nvtx._nvtx`, private).
+
+    A CPU build binds a stub that raises "NVTX functions not installed"; the functions of
+    `torch.cuda.nvtx` look the object up at each call, so replacing it serves all of them.
+    """
+    import torch.cuda.nvtx
+
+    torch.cuda.nvtx._nvtx = nvtx  # simulated ranks only
+
+
+def serve_cudart(cudart: Any) -> None:
+    """`torch.cuda.cudart()` returns `cudart` (`torch.cuda._cudart`, private; None in a CPU build).
+
+    `torch.cuda.profiler.start()` / `stop()` and `torch.cuda.check_error` read it there.
+    """
+    torch.cuda._cudart = cudart  # simulated ranks only
+
+
+def list_cuda_profiler_activity() -> None:
+    """torch's profiler lists `ProfilerActivity.CUDA` as supported (`_supported_activities`, private, C++).
+
+    A CPU build leaves it out, so a profile that asks for CUDA falls back to recording CUDA
+    events around every op, which a CPU build cannot do: it warns at each op. Listed, CUDA
+    goes to Kineto, which records the ops and has no GPU kernels to add. Patched both where
+    `torch.profiler.supported_activities()` and `torch.autograd.profiler.profile` read it.
+    """
+    import torch.autograd.profiler as autograd_profiler
+
+    original = torch.autograd._supported_activities
+    if getattr(original, "_accel_sim", False):
+        return
+
+    def supported_activities() -> set[Any]:
+        return original() | {torch.profiler.ProfilerActivity.CUDA}
+
+    supported_activities._accel_sim = True  # type: ignore[attr-defined]
+    torch.autograd._supported_activities = supported_activities  # simulated ranks only
+    autograd_profiler._supported_activities = supported_activities
+
+
+def run_flex_attention_on(cls: type, run: Callable[..., Any]) -> None:
+    """Flex attention's operators (higher-order ops, private) on `cls` tensors are `run(op, *args, **kwargs)`.
+
+    A compiled graph calls flex attention as a higher-order operator, which dispatches on
+    tensor subclasses through a table of its own (`py_impl`) rather than `__torch_dispatch__`.
+    """
+
+    def register(module: Any) -> None:
+        for op in (module.flex_attention, module.flex_attention_backward):
+            if cls not in op.python_key_table:
+                op.py_impl(cls)(functools.partial(run, op))
+
+    after_import("torch._higher_order_ops.flex_attention", register)
+
+
+# -- tensors that move keep their identity (accel.sim.core.moves) ------------------------------------
+
+
+def use_count(tensor: torch.Tensor) -> int:
+    """How many C++ references hold `tensor`'s TensorImpl (`Tensor._use_count`): 1 when only its Python object does.
+
+    More means a view of it, an autograd graph that saved it, a hook on its gradient
+    accumulator (FSDP's, DeepSpeed's) or its being some tensor's gradient.
+    """
+    return tensor._use_count()  # type: ignore[attr-defined]  # not in the stubs
+
+
+def cpp_device(tensor: torch.Tensor) -> torch.device:
+    """The device C++ sees `tensor` on (for a simulated one, the hidden device), whatever Python is shown."""
+    return torch._C.TensorBase.device.__get__(tensor)
+
+
+def swap_impls(t1: torch.Tensor, t2: torch.Tensor) -> None:
+    """Swap what two tensor objects are (class, attributes, C++ TensorImpl); each keeps its identity.
+
+    `torch.utils.swap_tensors` without its checks: the caller has made sure that only the
+    Python objects hold the TensorImpls (`use_count`). torch's function also refuses weakly
+    referenced tensors, which a swap does not harm: a weak reference names the Python
+    object, which stays the one it named, as a GPU tensor does after `t.data = x`.
+    The gradient hooks C++ keeps on the TensorImpl are registered again (`rehook`).
+    """
+    import copyreg
+
+    slots = set(copyreg._slotnames(type(t1)))  # type: ignore[attr-defined]  # stdlib, private
+    if slots != set(copyreg._slotnames(type(t2))):  # type: ignore[attr-defined]
+        raise RuntimeError("Cannot swap t1 and t2 if they have different slots")  # torch's words
+    t1.__class__, t2.__class__ = type(t2), type(t1)
+    dict1, dict2 = t1.__dict__, t2.__dict__
+    t1.__dict__, t2.__dict__ = dict2, dict1
+    for slot in slots:
+        values = [getattr(t, slot, _NO_VALUE) for t in (t1, t2)]
+        for tensor, value in zip((t1, t2), reversed(values), strict=True):
+            if value is _NO_VALUE:
+                if hasattr(tensor, slot):
+                    delattr(tensor, slot)
+            else:
+                setattr(tensor, slot, value)
+    torch._C._swap_tensor_impl(t1, t2)
+    rehook(t1)
+    rehook(t2)
+
+
+_NO_VALUE = object()
+
+
+def rehook(tensor: torch.Tensor) -> None:
+    """Register `tensor`'s gradient hooks on its present TensorImpl (`register_hook`, post-accumulate-grad hooks).
+
+    Python keeps them on the tensor object and C++ on the TensorImpl: once the TensorImpl
+    is swapped they would no longer run. Setting the attribute registers them again.
+    """
+    for name in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+        hooks = getattr(tensor, name, None)
+        if hooks is not None:
+            setattr(tensor, name, hooks)
+
+
+def patch_shallow_copy_check(answer: Callable[[torch.Tensor, torch.Tensor], bool | None]) -> None:
+    """`torch._has_compatible_shallow_copy_type(a, b)` answers `answer(a, b)`, torch's own answer where that is None.
+
+    `nn.Module._apply` asks it whether a parameter may take a converted tensor's data in
+    place (`param.data = new`); C++ answers no for a simulated GPU tensor and a CPU tensor,
+    where for a GPU tensor and a CPU tensor it answers yes.
+    """
+    original = torch._has_compatible_shallow_copy_type
+
+    def _has_compatible_shallow_copy_type(input: torch.Tensor, from_: torch.Tensor) -> bool:
+        found = answer(input, from_)
+        return original(input, from_) if found is None else found
+
+    torch._has_compatible_shallow_copy_type = _has_compatible_shallow_copy_type
+
+
+def convert_grads(convert: Callable[[torch.Tensor, Any], Any]) -> None:
+    """`tensor.grad = g` assigns `convert(tensor, g)` (through the setter already in place: `check_grad_device`'s).
+
+    C++ accepts only a gradient on the tensor's own C++ device: a tensor shown on the host
+    whose TensorImpl is a simulated one's needs its CPU gradient seen the same way. Call it
+    after `check_grad_device`, which replaces torch's own setter.
+    """
+    current: Any = torch.Tensor.__dict__.get("grad", torch._C.TensorBase.grad)
+    put = current.__set__
+
+    def grad_setter(self: torch.Tensor, new: Any) -> None:
+        put(self, convert(self, new))
+
+    torch.Tensor.grad = property(current.__get__, grad_setter, current.__delete__, doc=current.__doc__)  # type: ignore[assignment]  # simulated ranks only
+
+
+def profile_legacy_cuda_through_kineto() -> None:
+    """`torch.autograd.profiler.profile(use_device="cuda")` without Kineto records the ops through Kineto.
+
+    Its legacy path (`ProfilerState.KINETO_GPU_FALLBACK`, private) times each op with CUDA
+    events, which only a CUDA build's C++ can record: a CPU build warns at every op. Switched
+    to Kineto with the CUDA activity, it records the ops as a profile asking for CUDA does.
+    """
+    import torch.autograd.profiler as autograd_profiler
+
+    profile = autograd_profiler.profile
+    init = profile.__init__
+    if getattr(init, "_accel_sim", False):
+        return
+    states = autograd_profiler.ProfilerState
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if self.profiler_kind == states.KINETO_GPU_FALLBACK:
+            self.profiler_kind = states.KINETO
+            self.kineto_activities.add(torch.profiler.ProfilerActivity.CUDA)
+
+    __init__._accel_sim = True  # type: ignore[attr-defined]
+    profile.__init__ = __init__  # type: ignore[method-assign]  # simulated ranks only

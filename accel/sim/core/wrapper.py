@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
 
-from accel.sim.core import torch_internals
+from accel.sim.core import moves, torch_internals
 
 aten = torch.ops.aten
 _make_wrapper = torch_internals.make_wrapper
@@ -162,6 +163,8 @@ class WrapperTensor(torch.Tensor):
         if facts is None:
             facts = _facts(cls, func)
         if kwargs or facts[0] is not None or facts[3] or sim.general:
+            if len(types) > 1:  # another library's tensor subclass too: its dispatch first, as on the device
+                return _after_other_subclasses(cls, func, types, args, kwargs or {})
             return dispatch(cls, func, args, kwargs or {})
         device = None
         inner_args = []
@@ -202,6 +205,8 @@ class WrapperTensor(torch.Tensor):
                     self._shown = device
                     return self
                 return _wrap_results(cls, out, {}, device)
+        if len(types) > 1:
+            return _after_other_subclasses(cls, func, types, args, {})
         return dispatch(cls, func, args, {})
 
     # A "traceable wrapper subclass": nn.Module.to swaps parameter objects instead of
@@ -214,6 +219,8 @@ class WrapperTensor(torch.Tensor):
         return cls(inner["_inner"], device)
 
     def __repr__(self, *, tensor_contents: str | None = None) -> str:  # type: ignore[override]  # Tensor.__repr__ takes the same keyword, not in the stubs
+        if torch_internals.is_fake(self._inner):  # while Dynamo traces: no data to print
+            return f"FakeTensor(..., device='{self._shown}', size={tuple(self.shape)}, dtype={self.dtype})"
         with torch.no_grad():
             text, data = torch_internals.tensor_text(self._inner, tensor_contents)
         head = "tensor(" + (tensor_contents if tensor_contents is not None else data)
@@ -260,7 +267,10 @@ class WrapperTensor(torch.Tensor):
         return self.to(device=device, dtype=legacy.dtype, non_blocking=non_blocking)
 
     def untyped_storage(self) -> torch.UntypedStorage:
-        # The inner tensor's storage (what shares memory with what), reporting the shown device.
+        # The inner tensor's storage (what shares memory with what), reporting the shown device;
+        # the wrapper's own while Dynamo describes it (torch_internals.describe_wrappers_for_tracing).
+        if torch_internals.describing_wrapper():
+            return torch.Tensor.untyped_storage(self)
         return torch_internals.show_storage_on(self._inner.untyped_storage(), self._shown)
 
     def data_ptr(self) -> int:
@@ -458,6 +468,43 @@ def op_device(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict) ->
     return device if device is not None else cls._sim.common_device(func, args, kwargs)
 
 
+def _after_other_subclasses(cls: type[WrapperTensor], func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+    """`dispatch`, once the `__torch_dispatch__` of the other tensor subclasses among the arguments had its turn.
+
+    On the device, a library's subclass (torchao's float8 tensors, DTensor) meets plain
+    tensors, which have no `__torch_dispatch__`: its own runs, sees only its types, and
+    unwraps itself. A simulated tensor is a subclass too, which torch may try first: ours
+    running then would hand the library's subclass our CPU data (or make a plain tensor of
+    a DTensor's op). So each other subclass runs first, shown the types the device would
+    show it. One that hands the op back unchanged, as DTensor's Python `__torch_dispatch__`
+    does (its real one is torch's C++ path, which torch's own order reaches), gets it back
+    by NotImplemented: torch then goes on to that subclass. Those of torch's fake and
+    functional modes (`torch._subclasses`) meet simulated tensors while Dynamo traces:
+    `dispatch` takes them in.
+    """
+    others = tuple(
+        kind for kind in types if not issubclass(kind, cls) and not kind.__module__.startswith("torch._subclasses.")
+    )
+    if not others:
+        return dispatch(cls, func, args, kwargs)
+    handing = _handing.__dict__.setdefault("ops", set())
+    if any((func, kind) in handing for kind in others):
+        return NotImplemented
+    for kind in others:
+        handing.add((func, kind))
+        try:
+            out = kind.__torch_dispatch__(func, others, args, kwargs)
+        finally:
+            handing.discard((func, kind))
+        if out is not NotImplemented:
+            return out
+    return dispatch(cls, func, args, kwargs)
+
+
+#: the (op, subclass) pairs whose `__torch_dispatch__` `_after_other_subclasses` is running, per thread
+_handing = threading.local()
+
+
 def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict, *, apart: bool = True) -> Any:
     """Run aten op `func` whose arguments include tensors of `cls`.
 
@@ -465,6 +512,11 @@ def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict, *, 
     """
     facts = getattr(func, cls._facts_key, None)
     special, seeded, tracks, reshapes, _ = _facts(cls, func) if facts is None else facts
+    if _tracing:
+        # Dynamo's fake tensors: the op's own fake kernel gives the shapes; the handlers (real
+        # collectives, memory, the attention backends' choice) are for the run itself
+        apart = False
+        args, kwargs = _adopt_fakes(cls, args), _adopt_fakes(cls, kwargs)
     if special is not None and apart:
         return special(args, kwargs)
     sim = cls._sim
@@ -498,6 +550,34 @@ def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict, *, 
         same = seen.get(id(out))
         return same if same is not None else _new(cls, out, device)
     return _wrap_results(cls, out, seen, device)
+
+
+#: non-empty while Dynamo compiles (`tracing`): the tensors met are fake
+_tracing: list[bool] = []
+
+
+def tracing(active: bool) -> None:
+    """Dynamo starts (True) or ends (False) compiling: ops then meet its fake tensors (`_adopt_fakes`)."""
+    _tracing[:] = [True] if active else []
+
+
+def _adopt_fakes(cls: type[WrapperTensor], values: Any) -> Any:
+    # A factory traced by Dynamo (`torch.ones(n, device="cuda")`) gives a plain fake tensor
+    # on the shown device, where the program's run gives a simulated one: seen as one of ours.
+    if isinstance(values, dict):
+        return {key: _adopt_fakes(cls, value) for key, value in values.items()}
+    if type(values) is list or type(values) is tuple:
+        return type(values)(_adopt_fakes(cls, value) for value in values)
+    if (
+        isinstance(values, torch.Tensor)
+        and type(values) is not cls
+        and values.device.type == cls._sim.type
+        and torch_internals.is_fake(values)
+    ):
+        # made under Dynamo's fake mode, so itself fake: a host tensor of the same layout
+        inner = torch.empty_strided(values.size(), values.stride(), dtype=values.dtype, device="cpu")
+        return cls(inner, values.device, values.requires_grad)
+    return values
 
 
 def _follow_inner(wrapper: WrapperTensor) -> None:
@@ -686,52 +766,14 @@ def install_entry_points(cls: type[WrapperTensor]) -> dict[str, Callable[..., An
 
 
 def set_data(cls: type[WrapperTensor], tensor: torch.Tensor, new: torch.Tensor) -> bool:
-    """`tensor.data = new` where either is on `cls`'s device, as on that device; False when torch's setter serves.
+    """`tensor.data = new` where either is `cls`'s, as on that device; False when torch's setter serves.
 
     On a GPU, `set_data` lets a tensor (a parameter, typically) change device and dtype
-    while it stays the same Python object: libraries move and shard parameters that
-    way (FSDP2's `param.data = param.to(device)`). torch's own setter cannot move a tensor
-    between the CPU and the hidden device, so the object's contents are swapped for a
-    tensor sharing `new`'s data (`torch.utils.swap_tensors`, as `nn.Module.to` does for such
-    tensors). Its attributes, `requires_grad` and whether it is a parameter are kept; a
-    gradient is kept when it still fits (same device and dtype), as torch requires.
+    while it stays the same Python object over the same TensorImpl: libraries move and
+    shard parameters that way (FSDP's `param.data = param.to(device)`). `moves.move` does
+    it for simulated tensors (how, and where it cannot: `accel.sim.core.moves`).
     """
-    old, now = type(tensor) is cls, type(new) is cls
-    if not (old or now) or (old != now and not cls._sim.swaps_data_with_host):
-        return False  # torch's setter: its own words for tensors that cannot swap data
-    if old and now:
-        # Both wrappers: torch's setter takes the sizes, dtype and flags; the data is the inner tensor's.
-        torch_internals.data_descriptor().__set__(tensor, new)
-        tensor._inner = new._inner  # type: ignore[attr-defined]  # both are of cls here
-        tensor._shown = new._shown  # type: ignore[attr-defined]
-        return True
-    is_param = isinstance(tensor, torch.nn.Parameter)
-    with torch.no_grad():
-        if now:
-            replacement: torch.Tensor = cls(new._inner, new._shown)  # type: ignore[attr-defined]  # of cls
-            replacement.requires_grad_(tensor.requires_grad)
-            if is_param:
-                replacement._is_param = True  # what Parameter() marks a subclass with
-        elif is_param:
-            replacement = torch.nn.Parameter(new.detach(), requires_grad=tensor.requires_grad)
-        else:
-            replacement = new.detach().requires_grad_(tensor.requires_grad)
-    kept = {k: v for k, v in vars(tensor).items() if k not in ("_inner", "_shown", "_is_param")}
-    grad = tensor.grad
-    replacement.__dict__.update(kept)
-    try:
-        torch.utils.swap_tensors(tensor, replacement)
-    except RuntimeError as error:
-        raise RuntimeError(
-            f"`tensor.data = x` cannot move a tensor between {new.device if old else tensor.device} and "
-            f"{new.device if now else tensor.device} on a simulated {cls._sim.type} device while something else "
-            f"holds it ({error}). On a simulated device such a move replaces the tensor's contents, which torch "
-            "allows only for a tensor nothing else references (no weak references, no autograd graph, not yet "
-            "wrapped by DDP); move it before wrapping, or use module.to(device)."
-        ) from error
-    if grad is not None and grad.device == tensor.device and grad.dtype == tensor.dtype:
-        tensor.grad = grad
-    return True
+    return moves.move(cls, tensor, new)
 
 
 def check_grad(device_type: str, tensor: torch.Tensor, grad: Any) -> None:

@@ -19,7 +19,7 @@ simulated GPUs, the current one being `LOCAL_RANK`.
 * `SimCUDABackend` is the real `CUDABackend` (DDP with `device_ids`, autocast and
   GradScaler on "cuda", the RNG calls); its "nccl" process group hands Gloo the CPU
   data under the CUDA tensors (`nccl_group`; `cuda_group` serves mixed CPU/CUDA groups).
-* `torch.compile` is refused: its compilers generate code for a real GPU.
+* `torch.compile` traces with Dynamo and runs the graphs eagerly (`accel.sim.core.compile`).
 
 What cannot be simulated raises `SimulatedDeviceError` naming it (see the README's
 simulator section).
@@ -40,17 +40,20 @@ import torch.cuda
 import torch.cuda.random
 
 from accel.backends.cuda import CUDABackend
-from accel.sim.core import hidden, torch_internals
+from accel.sim.core import compile as sim_compile
+from accel.sim.core import hidden, moves, torch_internals
 from accel.sim.cuda import accelerator as cuda_accelerator
 from accel.sim.cuda import attention as cuda_attention
 from accel.sim.cuda import autocast as cuda_autocast
 from accel.sim.cuda import blas as cuda_blas
 from accel.sim.cuda import checkpoint as cuda_checkpoint
+from accel.sim.cuda import extensions as cuda_extensions
 from accel.sim.cuda import functional as cuda_functional
 from accel.sim.cuda import gpu_models
 from accel.sim.cuda import group as cuda_group
 from accel.sim.cuda import kernels as cuda_kernels
 from accel.sim.cuda import memory as cuda_memory
+from accel.sim.cuda import profiler as cuda_profiler
 from accel.sim.cuda import properties as cuda_properties
 from accel.sim.cuda import shapes as cuda_shapes
 from accel.sim.cuda import state as cuda_state
@@ -321,14 +324,6 @@ class _HiddenDeviceModule:
 _registered: list[bool] = []
 
 
-def _refuse_compile(*args: Any, **kwargs: Any) -> Any:
-    """`torch.compile` in a simulated GPU rank: refused by name (it would fail deep inside the compiler)."""
-    raise SimulatedDeviceError(
-        "torch.compile is not available on a simulated GPU: its compilers generate code for a real GPU. "
-        "Compile only on real hardware (in simulated GPU ranks ACCEL_BACKEND is 'sim_cuda'), or simulate 'cpu'."
-    )
-
-
 def _raising_pending_oom(original: Callable[..., Any]) -> Callable[..., Any]:
     """`torch.autograd.backward` / `grad` that raise the out-of-memory met inside them as they return."""
 
@@ -374,11 +369,15 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         cuda_autocast.install()
         cuda_checkpoint.install()
         torch_internals.allow_foreach(cuda_tensor.SimCudaTensor)
+        moves.install(cuda_tensor.SimCudaTensor)  # parameters keep their identity when they move
         torch_internals.show_hidden_as(cuda_state.HIDDEN_DEVICE, _gpu)
+        torch_internals.build_wrapper_subclasses_on(cuda_state.HIDDEN_DEVICE, "cuda")
         torch_internals.on_storage_resize(cuda_memory.resize)
         torch.autograd.backward = _raising_pending_oom(torch.autograd.backward)
         torch.autograd.grad = _raising_pending_oom(torch.autograd.grad)
         cuda_accelerator.install()
+        cuda_profiler.install()  # NVTX, cudart's profiler calls: as with no profiling tool attached
+        cuda_extensions.install()  # JIT-built CUDA extensions: stand-ins in torch ops, or refused at once
         torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
         torch_internals.seed_dtensor_shards_from_cpu_generators()
         torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, _gpu)
@@ -386,7 +385,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         cuda_attention.install()
         cuda_group.register()
         torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
-        torch.compile = _refuse_compile  # same call, refused
+        sim_compile.install((cuda_tensor.SimCudaTensor,), cuda_memory.pause, cuda_memory.resume)
         torch.version.cuda = CUDA_VERSION  # a CPU build says None
         _registered.append(True)
     cuda_tensor.set_device_count(count)

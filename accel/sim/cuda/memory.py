@@ -477,13 +477,33 @@ _live: dict[int, list[Any]] = {}
 def install(model: GpuModel, count: int) -> None:
     """Give this rank `count` simulated GPUs of `model`, their memory empty."""
     _devices[:] = [DeviceMemory(index, model) for index in range(count)]
+    _paused.clear()
     _live.clear()
 
 
 def uninstall() -> None:
     """Stop counting (simulated GPUs keep working, their memory is not counted)."""
     _devices.clear()
+    _paused.clear()
     _live.clear()
+
+
+#: the allocators set aside while Dynamo compiles (`pause`)
+_paused: list[DeviceMemory] = []
+
+
+def pause() -> None:
+    """Count no new storage until `resume`: Dynamo traces on fake tensors, which take no GPU memory."""
+    if _devices and not _paused:
+        _paused[:] = _devices
+        _devices.clear()
+
+
+def resume() -> None:
+    """Count again what `pause` set aside."""
+    if _paused:
+        _devices[:] = _paused
+        _paused.clear()
 
 
 def device(index: int) -> DeviceMemory:

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from accel.sim.core import autocast as core_autocast
+from accel.sim.core import compile as sim_compile
 from accel.sim.core import device_rules, hidden, torch_internals, wrapper
 from accel.sim.core.wrapper import WrapperTensor
 
@@ -264,6 +265,7 @@ def install() -> None:
     wrapper.install_entry_points(XlaTensor)
     torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign,assignment]  # same signature
     torch.Tensor.is_pinned = is_pinned  # type: ignore[method-assign,assignment]  # same signature
+    sim_compile.install((XlaTensor,))  # torch.compile(backend="openxla") traces, then runs eagerly
     _installed.append(True)
 
 

@@ -1,0 +1,102 @@
+"""`torch.compile` in a simulated rank: Dynamo traces the simulated tensors, the graphs run eagerly.
+
+A real GPU compiles at the first call of a compiled function, and only then: Dynamo turns
+the Python bytecode into graphs (breaking the graph where it cannot trace, recompiling when
+a guard fails, raising under `fullgraph=True`), and a backend (Inductor by default) writes
+kernels for the card. Here Dynamo runs as it does there, over the simulated tensors (which
+are traceable wrapper subclasses, as DTensor is), so graph breaks, recompilations,
+`fullgraph=True` errors and `torch.compiler` helpers behave as on the GPU; the backend is
+Dynamo's own "eager" one, which runs each captured graph op by op on the simulated device.
+Inductor and the other code generators write Triton or C++ for a real device and are not
+used: `backend=`/`mode=`/`options=` are accepted and set aside, and one line on stderr says
+so, once per process. A backend given as a callable (the user's own) is kept: it receives
+the graph and the simulated example inputs as on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from accel.sim.core import torch_internals, wrapper
+
+#: the backend every named backend becomes: Dynamo's graphs run op by op on the simulated tensors
+EAGER_BACKEND = "eager"
+
+_said: list[bool] = []
+
+
+def install(
+    wrapper_classes: tuple[type, ...],
+    pause: Callable[[], None] = lambda: None,
+    resume: Callable[[], None] = lambda: None,
+) -> None:
+    """Make `torch.compile` (and `nn.Module.compile`, which calls it) trace with Dynamo and run eagerly.
+
+    `pause()` / `resume()` run as Dynamo starts and ends compiling (a device that counts its
+    memory stops counting: tracing runs on fake tensors). Idempotent; nothing is imported
+    or compiled until a compiled function is first called.
+    """
+    if getattr(torch.compile, "_accel_sim_original", None) is not None:
+        return
+    for cls in wrapper_classes:
+        torch_internals.describe_wrappers_for_tracing(cls)
+        torch_internals.run_flex_attention_on(cls, functools.partial(_on_inner, cls))
+    torch_internals.keep_dynamo_out_of("accel.sim")
+    torch_internals.around_dynamo_compiles(lambda: _starts(pause), lambda: _ends(resume))
+    torch.compile = _eager_compile(torch.compile)  # same call, simulated ranks only
+
+
+def _on_inner(cls: type[wrapper.WrapperTensor], op: Any, *args: Any, **kwargs: Any) -> Any:
+    """Higher-order op `op` on the host tensors under `cls`'s, its tensor results back on the first one's device."""
+    from torch.utils._pytree import tree_map
+
+    tensors = [a for a in args if isinstance(a, cls)]
+    device = tensors[0].device  # the query's (flex attention's first argument)
+    inner = tree_map(lambda a: wrapper.unwrap(a) if isinstance(a, cls) else a, (args, kwargs))
+    out = op(*inner[0], **inner[1])
+    return tree_map(lambda t: wrapper.wrap(cls, t, device) if type(t) is torch.Tensor else t, out)
+
+
+def _starts(pause: Callable[[], None]) -> None:
+    wrapper.tracing(True)
+    pause()
+
+
+def _ends(resume: Callable[[], None]) -> None:
+    wrapper.tracing(False)
+    resume()
+
+
+def _eager_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def compile(model: Any = None, **kwargs: Any) -> Any:
+        backend = kwargs.get("backend", "inductor")
+        if not callable(backend) or isinstance(backend, str):
+            kwargs = {**kwargs, "backend": EAGER_BACKEND}
+            kwargs.pop("mode", None)
+            kwargs.pop("options", None)
+            _say_once(backend)
+        if model is None:
+            return original(**kwargs)
+        return original(model, **kwargs)
+
+    compile._accel_sim_original = original  # type: ignore[attr-defined]
+    return compile
+
+
+def _say_once(backend: Any) -> None:
+    if _said:
+        return
+    _said.append(True)
+    print(
+        "accel.sim: torch.compile traces with Dynamo as on the real device (graph breaks, recompilations and "
+        f"fullgraph errors included); its graphs run eagerly on the simulated device, not through backend "
+        f"{backend!r}, whose code is written for real hardware",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -1,0 +1,254 @@
+"""`torch.compile` on simulated GPUs and TPUs: Dynamo traces as on the device, the graphs run eagerly.
+
+Graph breaks, recompilations and `fullgraph=True` errors come from Dynamo itself, so
+they are counted and raised as on a GPU (`torch._dynamo.utils.counters`). Compiled
+models train under FSDP2 and tensor parallelism with the losses of the eager run; a
+simulated TPU takes `backend="openxla"`.
+"""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harness import distributed_test
+from tests.multiproc.test_sim_cuda_fsdp import build, close, ddp_run, loss_of, make_batches, shard, train
+
+SIZES = [2, 4]
+
+
+def _fresh_counters():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    return counters
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_a_compiled_function_traces_the_simulated_tensors_and_gives_eager_results(rank):
+    counters = _fresh_counters()
+
+    def f(x, y):
+        scale = torch.ones(x.shape[-1], device=x.device) * (2.0 if x.is_cuda else 3.0)  # the GPU's branch
+        traced = 1.0 if torch.compiler.is_compiling() else 0.0
+        return (x * y).sin() + y.relu() * scale + traced
+
+    compiled = torch.compile(f)
+    x = torch.randn(4, 8, device="cuda")
+    y = torch.randn(4, 8, device="cuda", requires_grad=True)
+    out = compiled(x, y)
+    assert out.device == torch.device("cuda", rank) and out.is_cuda
+    close(out.detach().cpu(), (f(x, y) + 1).detach().cpu())  # traced: is_compiling() was true
+    out.sum().backward()
+    assert y.grad is not None and y.grad.device == torch.device("cuda", rank)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    compiled(x, y)
+    assert counters["stats"]["unique_graphs"] == 1  # guards hold: no recompilation
+    compiled(torch.randn(3, 8, device="cuda"), torch.randn(3, 8, device="cuda"))
+    assert counters["stats"]["unique_graphs"] == 2  # a new shape recompiles, as on a GPU
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_graph_breaks_and_fullgraph_errors_are_dynamos(rank):
+    import torch._dynamo
+
+    counters = _fresh_counters()
+
+    def with_a_break(x):
+        x = x * 2
+        print("a print breaks the graph")
+        return x + 1
+
+    x = torch.randn(3, device="cuda")
+    out = torch.compile(with_a_break)(x)
+    close(out.cpu(), (x * 2 + 1).cpu())
+    assert sum(counters["graph_break"].values()) == 1 and counters["stats"]["unique_graphs"] == 2
+    torch._dynamo.reset()  # the cached graphs of with_a_break would serve the next call
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="print"):
+        torch.compile(with_a_break, fullgraph=True)(x)
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_compiler_helpers_and_every_backend_and_mode(rank):
+    counters = _fresh_counters()
+
+    @torch.compiler.disable
+    def eager_only(x):
+        assert not torch.compiler.is_compiling()
+        return x - 1
+
+    def f(x):
+        return eager_only(x * 3) + 1
+
+    x = torch.randn(5, device="cuda")
+    for kwargs in (
+        {},
+        {"mode": "max-autotune"},
+        {"mode": "reduce-overhead", "dynamic": True},
+        {"backend": "aot_eager"},
+        {"backend": "cudagraphs"},
+        {"options": {"triton.cudagraphs": True}},
+    ):
+        torch._dynamo.reset()
+        close(torch.compile(f, **kwargs)(x).cpu(), (x * 3).cpu())
+    assert counters["graph_break"]  # the disabled function is a break, as on a GPU
+
+    graphs = []
+
+    def my_backend(gm, example_inputs):  # a user's own backend receives the graph and the simulated inputs
+        graphs.append([t.device for t in example_inputs if isinstance(t, torch.Tensor)])
+        return gm.forward
+
+    torch._dynamo.reset()
+    close(torch.compile(lambda t: t.cos() * 2, backend=my_backend)(x).cpu(), (x.cos() * 2).cpu())
+    assert graphs and graphs[0] == [torch.device("cuda", rank)]
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_module_compile_and_a_compiled_optimizer_step_train_as_eager(rank):
+    torch.cuda.set_device(rank)
+    data = make_batches(rank)
+    eager_model = build()
+    expected, _ = train(eager_model, data)
+
+    model = build()
+    model.compile()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    @torch.compile(fullgraph=False)
+    def step():
+        optimizer.step()
+
+    losses = []
+    for inputs, targets in data:
+        loss = loss_of(model, inputs, targets)
+        loss.backward()
+        step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    close(losses, expected)
+    assert all(p.device == torch.device("cuda", rank) for p in model.parameters())
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "model.compile"])
+@distributed_test(world_size=SIZES, device="cuda")
+def test_compiled_blocks_under_fsdp2_train_as_ddp_does(rank, how):
+    torch.cuda.set_device(rank)
+    data = make_batches(rank)
+    expected, _ = ddp_run(rank, data)
+    model = build()
+    for index, layer in enumerate(model.layers):  # torchtitan compiles each block, then shards it
+        if how == "model.compile":
+            layer.compile()
+        else:
+            model.layers[index] = torch.compile(layer)
+    model = shard(model)
+    losses, _ = train(model, data)
+    close(losses, expected)
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_a_compiled_tensor_parallel_mlp_gives_the_eager_results(rank, world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.cuda.set_device(rank)
+    mesh = init_device_mesh("cuda", (world_size,))
+
+    def mlp():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)).cuda()
+
+    reference = mlp()
+    model = parallelize_module(mlp(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    compiled = torch.compile(model)
+    torch.manual_seed(1)
+    x = torch.randn(8, 16, device="cuda")
+    close(compiled(x).detach().cpu(), reference(x).detach().cpu())
+    compiled(x).pow(2).mean().backward()
+    reference(x).pow(2).mean().backward()
+    close(model[0].weight.grad.full_tensor().cpu(), reference[0].weight.grad.cpu())
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_compiled_activation_checkpointing_and_flex_attention(rank):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 8).cuda()
+    x = torch.randn(4, 8, device="cuda", requires_grad=True)
+
+    def checkpointed(t):
+        return checkpoint(lambda u: F.gelu(layer(u)), t, use_reentrant=False).sum()
+
+    torch.compile(checkpointed)(x).backward()
+    compiled_grad = x.grad.clone()
+    x.grad = None
+    checkpointed(x).backward()
+    close(compiled_grad.cpu(), x.grad.cpu())
+
+    q, k, v = (torch.randn(1, 2, 16, 8, device="cuda") for _ in range(3))
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    mask = create_block_mask(causal, 1, 1, 16, 16, device="cuda")
+    out = torch.compile(flex_attention)(q, k, v, block_mask=mask)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.device == torch.device("cuda", rank)
+    close(out.cpu(), expected.cpu(), rtol=1e-4, atol=1e-5)
+
+
+@distributed_test(world_size=SIZES, device="xla")
+def test_openxla_on_a_simulated_tpu_gives_the_eager_results(rank):
+    import torch_xla.core.xla_model as xm
+
+    device = xm.xla_device()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
+    x = torch.randn(4, 8, device=device)
+    expected = model(x)
+    out = torch.compile(model, backend="openxla")(x)
+    assert out.device == device
+    close(out.detach().cpu(), expected.detach().cpu())
+    out.sum().backward()
+    assert model[0].weight.grad.device == device
+
+
+SCRIPT = """
+import torch
+
+@torch.compile(mode="max-autotune")  # decorated at import, as torchtitan and DeepSpeed do
+def step(x):
+    return torch.nn.functional.gelu(x) * 2
+
+@torch.compile
+def other(x):
+    return x + 1
+
+x = torch.randn(8, device="cuda")
+for _ in range(3):
+    torch.testing.assert_close(step(x), torch.nn.functional.gelu(x) * 2)
+    other(x)
+print("trained")
+"""
+
+
+def test_a_run_says_once_per_process_how_it_compiles(tmp_path):
+    (tmp_path / "compiled.py").write_text(textwrap.dedent(SCRIPT))
+    accel = str(Path(sys.executable).with_name("accel"))
+    args = [accel, "launch", "--simulate", "cuda", "--num_processes", "2", "compiled.py"]
+    run = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("trained") == 2
+    said = [line for line in run.stderr.splitlines() if "torch.compile traces with Dynamo" in line]
+    assert len(said) == 2 and {line[:8] for line in said} == {"[rank 0]", "[rank 1]"}, run.stderr
+    assert "'inductor'" in said[0]
