@@ -7,7 +7,7 @@ It runs unchanged on GPUs (`torchrun` / `accel launch --simulate cuda`) and on C
 Fits a small MLP on synthetic regression data for two epochs with DDP or FSDP (full state
 dict checkpoints, Lightning's default), validating after each epoch; one `ModelCheckpoint`
 keeps the best epoch by validation loss, another every epoch and `last.ckpt`. Then it
-validates the best checkpoint (`trainer.validate(ckpt_path=...)`, which loads it). Prints,
+validates the best checkpoint with a new Trainer (`validate(ckpt_path=...)`, which loads it). Prints,
 from rank 0, one JSON line per training step (`STEP {"step": i, "loss": ...}`, the loss
 averaged over the ranks), one per validation (`VAL {...}`) and one `RESULT {...}` line;
 every rank prints `CHECKSUM {...}` with a checksum of its full (unsharded) parameters.
@@ -134,10 +134,15 @@ val = torch.utils.data.DataLoader(data(64, 3), batch_size=8)
 
 accelerator = "cuda" if torch.cuda.is_available() else "cpu"
 devices = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-if args.strategy == "fsdp":
-    strategy = Sharded(auto_wrap_policy={torch.nn.Linear} if args.wrap else None, state_dict_type="full")
-else:
-    strategy = DDPStrategy()
+
+
+def make_strategy():
+    if args.strategy == "fsdp":
+        return Sharded(auto_wrap_policy={torch.nn.Linear} if args.wrap else None, state_dict_type="full")
+    return DDPStrategy()
+
+
+strategy = make_strategy()
 best = ModelCheckpoint(dirpath=args.out, filename="best", monitor="val_loss", mode="min", save_top_k=1)
 every = ModelCheckpoint(dirpath=args.out, filename="{epoch}", save_top_k=-1, save_last=True)
 recorder = Recorder()
@@ -163,7 +168,20 @@ print("CHECKSUM " + json.dumps({"rank": trainer.global_rank, **trained}), flush=
 best_path, best_score, last_path = best.best_model_path, float(best.best_model_score), every.last_model_path
 device = trainer.strategy.root_device
 ranks_devices = trainer.strategy.all_gather(torch.tensor([trainer.global_rank, device.index or 0], device=device))
-(validated,) = trainer.validate(model, val, ckpt_path=best_path, verbose=False)
+# The best checkpoint validated by a new Trainer and model, as an evaluation script does
+# (FSDP1 cannot wrap the fitted module a second time: its parameters are flattened already).
+evaluator = L.Trainer(
+    accelerator=accelerator,
+    devices=devices,
+    num_nodes=1,
+    strategy=make_strategy(),
+    precision=args.precision,
+    limit_val_batches=2,
+    logger=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
+(validated,) = evaluator.validate(Regression(), val, ckpt_path=best_path, verbose=False)
 
 if trainer.is_global_zero:
     locations = set()  # where the file says each tensor was saved: cuda:0 from a GPU
