@@ -112,3 +112,56 @@ def test_dtensor_with_simulated_tensors_on_either_side(rank, world_size):
     for mixed in (lambda: sharded + torch.ones(8, device="cuda"), lambda: torch.ones(8, device="cuda") + sharded):
         with pytest.raises(RuntimeError, match="got mixed torch.Tensor and DTensor"):
             mixed()
+
+
+# -- under torch.compile --------------------------------------------------------------------------------
+# (found by torchtitan's loss parallelism under `--compile.enable`)
+
+
+@distributed_test(world_size=1, device="cuda")
+def test_a_compiled_masked_assignment_takes_the_value_cpp_makes_on_the_tensors_device():
+    """`y[mask] = 0`: C++ makes the value on `y`'s own device, under Dynamo's fake mode a fake of the hidden one."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    def f(x):
+        y = x.clone()
+        y[y > 0] = 0
+        return y * 2
+
+    x = torch.tensor([-1.0, 2.0, -3.0, 4.0], device="cuda")
+    out = torch.compile(f, fullgraph=True)(x)
+    assert out.device == torch.device("cuda", 0) and out.tolist() == [-2.0, 0.0, -6.0, 0.0] == f(x).tolist()
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_dtensor_loss_parallel_cross_entropy_under_compile(rank, world_size):
+    """Cross-entropy over class-sharded logits (`loss_parallel`), compiled, gives the eager loss."""
+    import torch._dynamo
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    torch._dynamo.reset()
+    torch.cuda.set_device(rank)
+    mesh = init_device_mesh("cuda", (world_size,))
+    generator = torch.Generator().manual_seed(0)
+    whole = torch.randn(8, 16, generator=generator).cuda()
+    labels = torch.randint(0, 16, (8,), generator=generator).cuda()
+    logits = distribute_tensor(whole, mesh, [Shard(1)])
+
+    def loss(p, target):
+        return F.cross_entropy(p, target, reduction="sum")
+
+    with loss_parallel():
+        eager = loss(logits, labels)
+        compiled = torch.compile(loss, fullgraph=True)(logits, labels)
+    assert compiled.placements == eager.placements == (Replicate(),)
+    expected = F.cross_entropy(whole, labels, reduction="sum")
+    assert compiled.to_local().item() == pytest.approx(expected.item(), rel=1e-6)
+    assert eager.to_local().item() == pytest.approx(expected.item(), rel=1e-6)

@@ -564,6 +564,8 @@ def tracing(active: bool) -> None:
 def _adopt_fakes(cls: type[WrapperTensor], values: Any) -> Any:
     # A factory traced by Dynamo (`torch.ones(n, device="cuda")`) gives a plain fake tensor
     # on the shown device, where the program's run gives a simulated one: seen as one of ours.
+    # So does a tensor C++ makes on a simulated tensor's own device, the hidden one (the
+    # value of `x[mask] = 0`, which DTensor's loss parallelism does).
     if isinstance(values, dict):
         return {key: _adopt_fakes(cls, value) for key, value in values.items()}
     if type(values) is list or type(values) is tuple:
@@ -571,12 +573,12 @@ def _adopt_fakes(cls: type[WrapperTensor], values: Any) -> Any:
     if (
         isinstance(values, torch.Tensor)
         and type(values) is not cls
-        and values.device.type == cls._sim.type
+        and cls._sim.is_mine(values.device)
         and torch_internals.is_fake(values)
     ):
         # made under Dynamo's fake mode, so itself fake: a host tensor of the same layout
         inner = torch.empty_strided(values.size(), values.stride(), dtype=values.dtype, device="cpu")
-        return cls(inner, values.device, values.requires_grad)
+        return cls(inner, cls._sim.resolve(values.device), values.requires_grad)
     return values
 
 

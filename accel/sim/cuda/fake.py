@@ -20,6 +20,9 @@ simulated GPUs, the current one being `LOCAL_RANK`.
   GradScaler on "cuda", the RNG calls); its "nccl" process group hands Gloo the CPU
   data under the CUDA tensors (`nccl_group`; `cuda_group` serves mixed CPU/CUDA groups).
 * `torch.compile` traces with Dynamo and runs the graphs eagerly (`accel.sim.core.compile`).
+* Parameters keep their identity when they move (`accel.sim.core.moves`).
+* NVTX and the CUDA profiler answer as with no tool attached (`profiler`); JIT-built CUDA
+  extensions get stand-ins in torch ops or are refused at once (`extensions`).
 
 What cannot be simulated raises `SimulatedDeviceError` naming it (see the README's
 simulator section).
