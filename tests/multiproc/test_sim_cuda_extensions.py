@@ -342,3 +342,21 @@ def test_which_extensions_are_cuda_ones_and_which_have_stand_ins():
     assert extensions.find_stand_in("fused_adam", ["/y/other.cu"]) is None
     assert extensions.find_stand_in("fused_lamb", ["fused_lamb_cuda.cpp", "fused_lamb_cuda_kernel.cu"]) is not None
     assert extensions.find_stand_in("my_kernel", ["multi_tensor_adam.cu"]) is None
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_a_triton_kernel_fails_at_its_launch_naming_it(rank):
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    from accel.sim.cuda.fake import SimulatedDeviceError
+
+    @triton.jit
+    def add_one(x_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) + 1, mask=offsets < n)
+
+    x = torch.zeros(8, device="cuda")
+    with pytest.raises(SimulatedDeviceError, match="Triton kernel '.*add_one' is not available on a simulated GPU"):
+        add_one[(1,)](x, 8, BLOCK=8)
+    assert x.sum().item() == 0

@@ -216,9 +216,39 @@ def _check_deepspeed_builds(builder_module: Any) -> None:
     builder_class.jit_load = jit_load
 
 
+def _refuse_triton_launches(jit: Any) -> None:
+    """A hand-written Triton kernel launched on simulated GPU tensors fails at its launch, naming the kernel.
+
+    Triton compiles the kernel for the card its driver finds; there is none here, and the
+    kernel's code is the card's. Code that only imports Triton (torchtitan's MoE kernels do)
+    or launches it on CPU tensors is left alone.
+    """
+    original = getattr(jit.JITFunction, "run", None)
+    if original is None or getattr(original, "_accel_sim", False):
+        return
+
+    @functools.wraps(original)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        from accel.sim.cuda.tensor import is_simulated_cuda
+
+        if any(is_simulated_cuda(value) for value in (*args, *kwargs.values())):
+            from accel.sim.cuda.fake import SimulatedDeviceError  # fake imports this module
+
+            name = getattr(getattr(self, "fn", None), "__qualname__", repr(self))
+            raise SimulatedDeviceError(
+                f"the Triton kernel {name!r} is not available on a simulated GPU: Triton compiles it for a real GPU. "
+                "Call the framework's eager (torch) path for it on simulated GPUs, or run on a real GPU."
+            )
+        return original(self, *args, **kwargs)
+
+    run._accel_sim = True  # type: ignore[attr-defined]
+    jit.JITFunction.run = run
+
+
 def install() -> None:
     """JIT-built CUDA extensions get stand-ins or fail at once, in torch and in DeepSpeed's builders."""
     torch_internals.after_import("torch.utils.cpp_extension", _patch_cpp_extension)
+    torch_internals.after_import("triton.runtime.jit", _refuse_triton_launches)
     # DeepSpeed's builders live in `op_builder` in a source checkout installed for development
     for module in ("deepspeed.ops.op_builder.builder", "op_builder.builder"):
         torch_internals.after_import(module, _check_deepspeed_builds)
