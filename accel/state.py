@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -241,13 +242,19 @@ def split_inputs(inputs: Any, num_processes: int, process_index: int, apply_padd
                 f"split_between_processes needs every value of the dict to have the same length, got {lengths}"
             )
         return {key: split_inputs(value, num_processes, process_index, apply_padding) for key, value in inputs.items()}
-    if not isinstance(inputs, (list, tuple, torch.Tensor)):
-        raise TypeError(
-            f"split_between_processes takes a list, tuple, tensor or dict of them, got {type(inputs).__name__}"
-        )
-    total = len(inputs)
+    total = len(inputs) if hasattr(inputs, "__len__") else 0
     base, extra = divmod(total, num_processes)
     start = process_index * base + min(process_index, extra)
+    if _is_hf_dataset(inputs):  # its rows by index, as Accelerate selects them (padded with the last row)
+        rows = list(range(start, start + base + (1 if process_index < extra else 0)))
+        if apply_padding and total:
+            rows += [total - 1] * (base + (1 if extra else 0) - len(rows))
+        return inputs.select(rows)
+    if not isinstance(inputs, (list, tuple, torch.Tensor)):
+        raise TypeError(
+            "split_between_processes takes a list, tuple, tensor, datasets.Dataset or dict of them, "
+            f"got {type(inputs).__name__}"
+        )
     share = inputs[start : start + base + (1 if process_index < extra else 0)]
     if not apply_padding or total == 0:
         return share
@@ -260,6 +267,12 @@ def split_inputs(inputs: Any, num_processes: int, process_index: int, apply_padd
         return torch.cat([share, last.expand(missing, *last.shape[1:])])
     filler = (share if len(share) else inputs)[-1]
     return type(inputs)(list(share) + [filler] * missing)
+
+
+def _is_hf_dataset(inputs: Any) -> bool:
+    """Whether `inputs` is a Hugging Face `datasets.Dataset` (without importing `datasets` if nobody has)."""
+    datasets = sys.modules.get("datasets")
+    return datasets is not None and isinstance(inputs, getattr(datasets, "Dataset", ()))
 
 
 #: AcceleratorState's names answered by the PartialState also after AcceleratorState._reset_state()

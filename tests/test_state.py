@@ -157,6 +157,21 @@ def test_split_inputs_tensors_tuples_dicts():
         split_inputs({1, 2}, 2, 0)
 
 
+@pytest.mark.parametrize("padding", [False, True])
+def test_a_datasets_dataset_is_split_by_rows_as_accelerate_splits_it(padding):
+    datasets = pytest.importorskip("datasets")
+    from accelerate.state import PartialState as Theirs
+
+    rows = datasets.Dataset.from_dict({"x": list(range(7))})
+    shares = [split_inputs(rows, 3, index, apply_padding=padding) for index in range(3)]
+    assert all(isinstance(share, datasets.Dataset) for share in shares)
+    expected = [[0, 1, 2], [3, 4, 6], [5, 6, 6]] if padding else [[0, 1, 2], [3, 4], [5, 6]]
+    assert [share["x"] for share in shares] == expected
+    theirs = Theirs()  # one process: the whole dataset, as ours gives
+    with theirs.split_between_processes(rows, apply_padding=padding) as whole:
+        assert whole["x"] == split_inputs(rows, 1, 0, apply_padding=padding)["x"]
+
+
 def test_split_between_processes_context_manager():
     with PartialState().split_between_processes(["a", "b", "c"]) as mine:
         assert mine == ["a", "b", "c"]

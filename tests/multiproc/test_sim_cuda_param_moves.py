@@ -342,3 +342,27 @@ def test_a_host_tensor_held_in_cpp_cannot_become_a_simulated_gpus(rank):
     del view
     model.cuda()
     assert model[0].weight.device == torch.device("cuda", rank)
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_a_parameter_whose_gradient_accumulator_exists_moves_as_torch_swaps_it(rank):
+    """FSDP2's `_move_states_to_device` (`p.data = p.to(device)`) on a parameter used on the host before.
+
+    torch's own swap allows a leaf whose only other holder is its gradient accumulator, and
+    refuses backward through a graph made before the move; so does the move onto the GPU.
+    """
+    layer = nn.Linear(3, 2)
+    layer(torch.ones(1, 3)).sum().backward()  # the weight now has an AccumulateGrad node
+    layer.weight.grad = None
+    stale = layer(torch.ones(1, 3)).sum()  # a graph that reaches the old accumulator
+    weight = layer.weight
+    keep = weakref.ref(weight)
+    del stale
+    stale = (weight * 2).sum()
+    for p in layer.parameters():
+        p.data = p.to(torch.device("cuda", rank))
+    assert keep() is weight and weight.device == torch.device("cuda", rank)
+    with pytest.raises(RuntimeError, match="has since moved onto a simulated GPU"):
+        stale.backward()
+    layer(torch.ones(1, 3, device="cuda")).sum().backward()
+    assert weight.grad.device == torch.device("cuda", rank) and weight.grad.tolist() == [[1.0] * 3] * 2

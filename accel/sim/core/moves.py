@@ -148,7 +148,7 @@ def _plain(tensor: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
 def _swap_onto_device(cls: type, tensor: torch.Tensor, new: Any) -> None:
     """Host tensor `tensor` takes device tensor `new`'s data: a swap of TensorImpls, refused if C++ holds `tensor`."""
     kind = cls._sim.type  # type: ignore[attr-defined]
-    held = torch_internals.use_count(tensor)
+    held = torch_internals.holders_before_a_swap(tensor)
     if held > 1:
         raise RuntimeError(
             f"`tensor.data = x` cannot move a tensor between cpu and {new.device} on a simulated {kind} device while "

@@ -10,7 +10,12 @@ one of them, this is the only module to fix, and `tests/test_sim_cuda_internals.
 names which one broke.
 
 `check_supported()` is what `--simulate cuda` calls at start: it fails with a message
-naming the supported torch versions when the installed torch lacks one of them.
+naming the supported torch versions when the installed torch is none of them, or lacks
+one of the internals.
+
+Supported: torch 2.13, 2.14 and 2.15, CPU and CUDA builds alike. What changed between them
+is listed in `TORCH_CHANGES` (the release that changed it, what the simulated devices do
+about it, and the test that checks it on every supported torch).
 """
 
 from __future__ import annotations
@@ -21,16 +26,82 @@ import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-#: torch versions (major.minor) the simulated GPU was built and tested against
-SUPPORTED_TORCH = ("2.13",)
+#: torch versions (major.minor) the simulated devices are built and tested against, CPU and CUDA builds
+#: (pyproject.toml's torch range says the same; CI runs the simulator's tests on two of them)
+SUPPORTED_TORCH = ("2.13", "2.14", "2.15")
 
 
 class UnsupportedTorchError(RuntimeError):
-    """The installed torch lacks an internal the simulated GPU needs."""
+    """The installed torch is not a supported version, or lacks an internal the simulated devices need."""
+
+
+def release(version: str | None = None) -> str:
+    """'2.14' of '2.14.1+cu130' (of this torch's version when None)."""
+    match = re.match(r"(\d+)\.(\d+)", str(torch.__version__ if version is None else version))
+    if match is None:
+        raise UnsupportedTorchError(f"cannot read a torch release from the version {version!r}")
+    return f"{match.group(1)}.{match.group(2)}"
+
+
+def at_least(wanted: str, version: str | None = None) -> bool:
+    """Whether this torch (or `version`) is release `wanted` ('2.14') or a later one."""
+    have = tuple(int(part) for part in release(version).split("."))
+    return have >= tuple(int(part) for part in wanted.split("."))
+
+
+class TorchChange(NamedTuple):
+    """One difference between supported torch versions, as the simulated devices meet it."""
+
+    #: the release that changed it ('2.14': from 2.14 on)
+    since: str
+    #: what changed in torch
+    what: str
+    #: what the simulated devices do about it ("torch's own": they do as torch does, nothing to adapt)
+    handled: str
+    #: the test that checks it on every supported torch, as "path::function"
+    test: str
+
+
+#: every difference between the supported torch versions that the simulator or its tests meet
+TORCH_CHANGES: tuple[TorchChange, ...] = (
+    TorchChange(
+        "2.14",
+        "Dynamo asks torch.cuda.is_current_stream_capturing() before it traces a frame: a CUDA build's asks the "
+        "driver (a host without one fails, a GPU host would be touched), a CPU build's raises",
+        "simulated ranks answer False (no CUDA graph is ever captured there): accel/sim/cuda/fake.py",
+        "tests/multiproc/test_sim_compile.py::test_dynamo_asks_no_driver_whether_a_cuda_graph_is_captured",
+    ),
+    TorchChange(
+        "2.14",
+        "new_group(...) of a bound default group hands the group it could split from to every new backend's "
+        "C++ options, which take a C++ backend only (a Python group: TypeError)",
+        "keep_python_groups_out_of_splits: a Python group is never handed on (it splits on its own)",
+        "tests/multiproc/test_sim_nccl_semantics.py::test_new_group_of_a_bound_group",
+    ),
+    TorchChange(
+        "2.14",
+        "split_group(...) gives a rank in none of the groups GroupMember.NON_GROUP_MEMBER, not None",
+        "torch's own",
+        "tests/multiproc/test_sim_nccl_semantics.py::test_split_group",
+    ),
+    TorchChange(
+        "2.14",
+        "DTensor redistributes Shard to Partial(sum); Replicate to Partial is refused in new words",
+        "torch's own",
+        "tests/multiproc/test_sim_cuda_tensor_parallel.py::test_redistribute_between_shard_replicate_and_partial",
+    ),
+    TorchChange(
+        "2.14",
+        "all_gather_into_tensor and reduce_scatter_tensor are deprecated (FutureWarning) for all_gather_single "
+        "and reduce_scatter_single",
+        "the stand-in torch_xla calls reduce_scatter_single; the collective check checks it too",
+        "tests/test_sim_diagnoses.py::test_reduce_ops_and_subgroups_are_checked_too",
+    ),
+)
 
 
 # -- presence checks: one per internal, each naming why it is needed ------------------------
@@ -157,14 +228,29 @@ def _has_dotted(name: str) -> bool:
     return _has(name)
 
 
-def check_supported() -> None:
-    """Raise `UnsupportedTorchError` naming the supported versions if this torch cannot host simulated GPUs."""
+def check_supported(version: str | None = None) -> None:
+    """Raise `UnsupportedTorchError` naming the supported versions if this torch cannot host simulated GPUs.
+
+    `version`: check that version string instead of this torch's (its internals are still this torch's).
+    """
+    version = str(torch.__version__ if version is None else version)
+    if release(version) not in SUPPORTED_TORCH:
+        raise UnsupportedTorchError(
+            f"simulated devices do not support torch {version}; supported torch versions: "
+            f"{', '.join(SUPPORTED_TORCH)}. Install one of them (pip install 'torch>={SUPPORTED_TORCH[0]},"
+            f"<{_next_release(SUPPORTED_TORCH[-1])}'), or simulate 'cpu'."
+        )
     missing = missing_internals()
     if missing:
         raise UnsupportedTorchError(
             f"simulated CUDA needs torch internals that torch {torch.__version__} lacks ({', '.join(missing)}); "
             f"supported torch versions: {', '.join(SUPPORTED_TORCH)}. Install one of them, or simulate 'cpu'."
         )
+
+
+def _next_release(last: str) -> str:
+    major, minor = last.split(".")
+    return f"{major}.{int(minor) + 1}"
 
 
 # -- the wrapper subclass ---------------------------------------------------------------------
@@ -1085,6 +1171,29 @@ def use_count(tensor: torch.Tensor) -> int:
     accumulator (FSDP's, DeepSpeed's) or its being some tensor's gradient.
     """
     return tensor._use_count()  # type: ignore[attr-defined]  # not in the stubs
+
+
+def holders_before_a_swap(tensor: torch.Tensor) -> int:
+    """`use_count(tensor)`, less a leaf's gradient accumulator, which then refuses backward (as torch's swap does).
+
+    `torch.utils.swap_tensors` lets a leaf whose only other holder is its AccumulateGrad
+    node be swapped, and poisons that node: a graph built before the swap cannot put its
+    gradient into the tensor that is gone.
+    """
+    count = use_count(tensor)
+    if count == 2 and tensor.is_leaf and tensor.requires_grad:
+        node = torch.autograd.graph.get_gradient_edge(tensor).node
+        if use_count(tensor) == 2:  # the node existed already: it is the other holder
+
+            def refuse(grad_outputs: Any) -> Any:
+                raise RuntimeError(
+                    "backward reached the gradient accumulator of a tensor that has since moved onto a simulated "
+                    "GPU (`tensor.data = x`); run forward again after the move"
+                )
+
+            node.register_prehook(refuse)
+            return 1
+    return count
 
 
 def cpp_device(tensor: torch.Tensor) -> torch.device:
