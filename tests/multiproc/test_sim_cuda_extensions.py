@@ -275,6 +275,7 @@ def test_the_stand_ins_check_their_inputs_as_the_kernels_do(rank):
     assert coefficient.device == torch.device("cuda", rank) and coefficient.shape == (1,)
 
 
+@pytest.mark.frameworks
 @pytest.mark.parametrize("stage", [1, 2, 3])
 # isolated: DeepSpeed keeps the process groups of the run it set up in module globals
 @distributed_test(world_size=[2], device="cuda", timeout=180, isolated=True)

@@ -179,6 +179,7 @@ def test_deepspeeds_pattern_weak_references_then_module_to(rank):
     assert same_objects(refs, model) and all(p.device == device for p in model.parameters())
 
 
+@pytest.mark.frameworks
 @distributed_test(world_size=SIZES, device="cuda", timeout=240)
 def test_deepspeed_zero1_initializes_and_trains_as_on_the_host(rank, world_size):
     deepspeed = pytest.importorskip("deepspeed")
