@@ -20,6 +20,22 @@ import torch
 
 from accel.sim.core import torch_internals
 
+#: c10's names of dtypes ("Float", "BFloat16"): what ATen's type names and "not implemented for" errors print
+SCALAR_NAMES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+}
+
 aten = torch.ops.aten
 
 

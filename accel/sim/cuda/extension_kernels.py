@@ -26,21 +26,8 @@ from typing import Any
 
 import torch
 
+from accel.sim.core import device_rules
 from accel.sim.cuda.tensor import unwrap
-
-#: c10's names of dtypes, which kernels' "not implemented for" errors use
-_TYPE_NAMES = {
-    torch.float64: "Double",
-    torch.float32: "Float",
-    torch.float16: "Half",
-    torch.bfloat16: "BFloat16",
-    torch.int64: "Long",
-    torch.int32: "Int",
-    torch.int16: "Short",
-    torch.int8: "Char",
-    torch.uint8: "Byte",
-    torch.bool: "Bool",
-}
 
 _MULTI_TENSOR_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
@@ -51,7 +38,7 @@ def _f32(value: float) -> float:
 
 
 def _not_implemented(kernel: str, dtype: torch.dtype) -> RuntimeError:
-    return RuntimeError(f"\"{kernel}\" not implemented for '{_TYPE_NAMES.get(dtype, str(dtype))}'")
+    return RuntimeError(f"\"{kernel}\" not implemented for '{device_rules.SCALAR_NAMES.get(dtype, str(dtype))}'")
 
 
 def _check_tensor_lists(kernel: str, tensor_lists: Any, depth: int) -> None:

@@ -34,7 +34,7 @@ _rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
 import torch_xla._sim_state as _state  # noqa: E402
 import torch_xla.runtime as xr  # noqa: E402
-from accel.sim.core import carried  # noqa: E402
+from accel.sim.core import carried, device_rules  # noqa: E402
 from accel.sim.diagnoses import collectives  # noqa: E402
 from accel.sim.xla import bridge  # noqa: E402
 
@@ -42,25 +42,10 @@ BACKEND_NAME = "xla"
 
 _logger = logging.getLogger(__name__)
 
-_SCALAR_NAMES = {
-    torch.float32: "Float",
-    torch.float64: "Double",
-    torch.float16: "Half",
-    torch.bfloat16: "BFloat16",
-    torch.int64: "Long",
-    torch.int32: "Int",
-    torch.int16: "Short",
-    torch.int8: "Char",
-    torch.uint8: "Byte",
-    torch.bool: "Bool",
-    torch.complex64: "ComplexFloat",
-    torch.complex128: "ComplexDouble",
-}
-
 
 def type_string(tensor: torch.Tensor) -> str:
     """ATen's name of `tensor`'s type, as torch_xla's errors print it ("CPUFloatType")."""
-    scalar = _SCALAR_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch.").capitalize())
+    scalar = device_rules.SCALAR_NAMES.get(tensor.dtype, str(tensor.dtype).removeprefix("torch.").capitalize())
     return f"{tensor.device.type.upper()}{scalar}Type"
 
 
