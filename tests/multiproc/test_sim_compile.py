@@ -233,6 +233,8 @@ def test_openxla_on_a_simulated_tpu_gives_the_eager_results(rank):
 
 
 SCRIPT = """
+import os
+
 import torch
 
 @torch.compile(mode="max-autotune")  # decorated at import, as torchtitan and DeepSpeed do
@@ -244,14 +246,14 @@ def other(x):
     return x + 1
 
 x = torch.randn(8, device="cuda")
-for _ in range(3):
+for _ in range(3 if os.environ["RANK"] == "0" else 0):  # rank 1 only decorates: nothing to say
     torch.testing.assert_close(step(x), torch.nn.functional.gelu(x) * 2)
     other(x)
 print("trained")
 """
 
 
-def test_a_run_says_once_per_process_how_it_compiles(tmp_path):
+def test_a_run_says_once_per_process_how_it_compiles_at_its_first_compile(tmp_path):
     (tmp_path / "compiled.py").write_text(textwrap.dedent(SCRIPT))
     accel = str(Path(sys.executable).with_name("accel"))
     args = [accel, "launch", "--simulate", "cuda", "--num_processes", "2", "compiled.py"]
@@ -259,5 +261,5 @@ def test_a_run_says_once_per_process_how_it_compiles(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("trained") == 2
     said = [line for line in run.stderr.splitlines() if "torch.compile traces with Dynamo" in line]
-    assert len(said) == 2 and {line[:8] for line in said} == {"[rank 0]", "[rank 1]"}, run.stderr
+    assert len(said) == 1 and said[0].startswith("[rank 0]"), run.stderr
     assert "'inductor'" in said[0]

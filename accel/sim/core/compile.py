@@ -28,6 +28,8 @@ from accel.sim.core import torch_internals, wrapper
 EAGER_BACKEND = "eager"
 
 _said: list[bool] = []
+#: the first backend a `torch.compile` call named (what the one line on stderr reports)
+_asked: list[Any] = []
 
 
 def install(
@@ -63,6 +65,7 @@ def _on_inner(cls: type[wrapper.WrapperTensor], op: Any, *args: Any, **kwargs: A
 
 
 def _starts(pause: Callable[[], None]) -> None:
+    _say_once(_asked[0] if _asked else "inductor")  # at the first compile, not at decoration
     wrapper.tracing(True)
     pause()
 
@@ -80,7 +83,8 @@ def _eager_compile(original: Callable[..., Any]) -> Callable[..., Any]:
             kwargs = {**kwargs, "backend": EAGER_BACKEND}
             kwargs.pop("mode", None)
             kwargs.pop("options", None)
-            _say_once(backend)
+            if not _asked:
+                _asked.append(backend)
         if model is None:
             return original(**kwargs)
         return original(model, **kwargs)
