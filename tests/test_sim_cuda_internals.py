@@ -17,6 +17,8 @@ from harness import distributed_test
 
 @pytest.mark.parametrize("name", sorted(torch_internals.INTERNALS))
 def test_each_internal_is_still_there(name):
+    if not torch_internals.expected(name):
+        pytest.skip(f"torch {torch.__version__} predates {name} (from {torch_internals.INTERNALS_SINCE[name]} on)")
     assert torch_internals._has_dotted(name), (
         f"torch {torch.__version__} no longer has {name}, which simulated GPUs need for: "
         f"{torch_internals.INTERNALS[name]}. Adapt accel/sim/core/torch_internals.py (supported: "
@@ -47,7 +49,67 @@ def test_the_hooks_vtable_order_is_readable():
 
 def test_this_torch_is_supported():
     torch_internals.check_supported()
-    assert torch.__version__.startswith(torch_internals.SUPPORTED_TORCH)
+    assert torch_internals.release() in torch_internals.SUPPORTED_TORCH
+    assert torch.__version__.startswith(tuple(f"{supported}." for supported in torch_internals.SUPPORTED_TORCH))
+
+
+def test_releases_are_read_from_cpu_cuda_and_development_versions():
+    assert torch_internals.release("2.14.1+cu130") == "2.14" and torch_internals.release("2.13.0+cpu") == "2.13"
+    assert torch_internals.release("2.16.0.dev20261101") == "2.16" and torch_internals.release("3.0.0a0+git1") == "3.0"
+    assert torch_internals.at_least("2.14", "2.14.0") and torch_internals.at_least("2.14", "2.15.0+cu128")
+    assert not torch_internals.at_least("2.14", "2.13.0") and torch_internals.at_least("2.9", "2.13.0")
+    with pytest.raises(torch_internals.UnsupportedTorchError, match="cannot read a torch release"):
+        torch_internals.release("nightly")
+
+
+@pytest.mark.parametrize("version", ["2.12.1", "2.16.0", "2.16.0.dev20261101+cu130", "3.0.0"])
+def test_a_torch_outside_the_supported_range_is_refused_naming_the_supported_ones(version):
+    with pytest.raises(torch_internals.UnsupportedTorchError) as info:
+        torch_internals.check_supported(version)
+    message = str(info.value)
+    assert f"do not support torch {version};" in message
+    assert "supported torch versions: 2.13, 2.14, 2.15" in message and "'torch>=2.13,<2.16'" in message
+
+
+@pytest.mark.parametrize("version", ["2.13.0+cpu", "2.14.1+cu130", "2.15.0", "2.15.0+cu128"])
+def test_every_supported_release_passes_the_version_check(version):
+    torch_internals.check_supported(version)  # CPU and CUDA builds alike (the internals are this torch's)
+
+
+def test_a_simulated_gpu_refuses_a_torch_outside_the_range_at_start(monkeypatch):
+    monkeypatch.setattr(torch, "__version__", "2.16.0")
+    with pytest.raises(torch_internals.UnsupportedTorchError, match=r"torch 2\.16\.0; supported torch versions: "):
+        fake_cuda.install(local_rank=0, device_count=1)
+    assert not fake_cuda.is_installed()
+
+
+def test_the_project_asks_for_the_supported_range_of_torch():
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    from packaging.requirements import Requirement
+
+    with open(os.path.join(os.path.dirname(__file__), os.pardir, "pyproject.toml"), "rb") as file:
+        dependencies = tomllib.load(file)["project"]["dependencies"]
+    (torch_requirement,) = [Requirement(d) for d in dependencies if Requirement(d).name == "torch"]
+    allowed = torch_requirement.specifier
+    for supported in torch_internals.SUPPORTED_TORCH:
+        assert allowed.contains(f"{supported}.0") and allowed.contains(f"{supported}.9"), (supported, str(allowed))
+    first, last = torch_internals.SUPPORTED_TORCH[0], torch_internals.SUPPORTED_TORCH[-1]
+    major, minor = first.split(".")
+    assert not allowed.contains(f"{major}.{int(minor) - 1}.9"), str(allowed)
+    major, minor = last.split(".")
+    assert not allowed.contains(f"{major}.{int(minor) + 1}.0"), str(allowed)
+
+
+@pytest.mark.parametrize("change", torch_internals.TORCH_CHANGES, ids=lambda change: change.test.rsplit("::")[-1])
+def test_each_difference_between_torch_versions_names_a_test_that_checks_it(change):
+    assert change.since in torch_internals.SUPPORTED_TORCH[1:], change.since  # a change after the oldest supported
+    path, name = change.test.split("::")
+    with open(os.path.join(os.path.dirname(__file__), os.pardir, path)) as file:
+        assert f"\ndef {name}(" in file.read(), change.test
 
 
 def test_an_unsupported_torch_fails_at_start_naming_the_supported_versions(monkeypatch):
@@ -143,3 +205,27 @@ def test_each_internal_does_its_job_in_a_rank(rank, tmp_path):
     checks["in_backward"] = inside == [True] and not torch_internals.in_backward()
     broken = [name for name, ok in checks.items() if not ok]
     assert not broken, f"torch {torch.__version__}: these internals no longer do their job: {broken}"
+
+
+@distributed_test(world_size=2, device="cuda")
+def test_the_simulators_python_groups_get_no_flight_recorder(rank):
+    # torch 2.15 attaches a C++ flight recorder to each new group, which reads its C++ name: a Python
+    # group has none ("ProcessGroup name not set" at init_process_group) (torch_internals.TORCH_CHANGES)
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    from accel.sim.core.carried import PythonGroup
+
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    groups = [dist.group.WORLD, dist.new_group(backend="nccl"), dist.new_group(backend="cpu:gloo,cuda:nccl")]
+    assert all(isinstance(group, PythonGroup) for group in groups)
+    recorded = getattr(distributed_c10d._world, "pg_flight_recorder_hooks", {})
+    assert not [group for group in recorded if isinstance(group, PythonGroup)]
+    attach = getattr(distributed_c10d, "_maybe_attach_flight_recorder", None)
+    assert (attach is not None) == torch_internals.at_least("2.15")
+    assert attach is None or attach._accel_sim
+    gloo = dist.new_group(backend="gloo")  # torch's own groups are recorded as torch records them
+    for group in (*groups, gloo):
+        t = torch.ones(1, device="cuda" if group is not gloo else "cpu")
+        dist.all_reduce(t, group=group)
+        assert t.item() == 2

@@ -67,6 +67,15 @@ def sum_or_max():
     return "ran"
 
 
+def scatter_sum_or_max():
+    """reduce_scatter_single (what torch 2.14 asks reduce_scatter_tensor's callers to use), ops differing."""
+    import torch
+    import torch.distributed as dist
+
+    output, input = torch.empty(1, device="cuda"), torch.ones(2, device="cuda")
+    dist.reduce_scatter_single(output, input, op=dist.ReduceOp.SUM if dist.get_rank() == 0 else dist.ReduceOp.MAX)
+
+
 def shapes_differ_in_a_subgroup():
     import torch
     import torch.distributed as dist
@@ -226,6 +235,8 @@ def test_reduce_ops_and_subgroups_are_checked_too():
     assert "rank 1 all_reduce(float32[3])" in info.value.summary
     assert "(ranks 0–1)" in info.value.summary
     assert set(info.value.failures) == {0, 1}  # rank 2 returned: it was not in the group
+    with pytest.raises(DistributedFailure, match=r"rank 0 reduce_scatter_single\(float32\[2\], op=SUM\).*rank 1"):
+        launch(scatter_sum_or_max, world_size=2, device="cuda")
 
 
 def test_the_check_can_be_turned_off_by_argument_and_by_environment(monkeypatch):

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from accel.sim.core import torch_internals
 from harness import distributed_test
 
 SIZES = [2, 4]
@@ -187,11 +188,19 @@ def test_redistribute_between_shard_replicate_and_partial(rank, world_size):
         check(p.redistribute(mesh, [Replicate()]), Replicate(), full * value)
         check(p.redistribute(mesh, [Shard(0)]), Shard(0), row_part * value)
 
-    # to Partial: DTensor keeps that for itself (as on GPUs), whatever the source
-    for src in (Replicate(), Shard(0)):
-        with pytest.raises(RuntimeError, match="redistributing to Partial is for internal use only") as refused:
+    # to Partial: DTensor keeps that for itself (as on GPUs), whatever the source; from torch 2.14 on
+    # it redistributes Shard to Partial(sum), and refuses Replicate in other words (torch_internals.TORCH_CHANGES)
+    refused_sources = (Replicate(),) if torch_internals.at_least("2.14") else (Replicate(), Shard(0))
+    words = "only Shard to Partial" if torch_internals.at_least("2.14") else "redistributing to Partial is for internal"
+    for src in refused_sources:
+        with pytest.raises(RuntimeError, match=words) as refused:
             distribute_tensor(full, mesh, [src]).redistribute(mesh, [Partial()])
         assert "simcuda" not in str(refused.value)
+    if torch_internals.at_least("2.14"):
+        pending = distribute_tensor(full, mesh, [Shard(0)]).redistribute(mesh, [Partial()])
+        assert pending.placements == (Partial(),) and pending.device == device
+        assert pending.to_local().device == device and pending.to_local().shape == full.shape
+        assert torch.equal(pending.full_tensor(), full)
 
     # uneven shards redistribute too
     odd = _grid(5, 3, device)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from support import nccl_group as _nccl_group
 
+from accel.sim.core import torch_internals
 from harness import distributed_test
 
 SIZES = [2, 4]
@@ -509,20 +510,31 @@ def test_split_group(rank, world_size):
     dist.all_gather_into_tensor(gathered, torch.full((1,), float(rank), device=here), group=sub)
     assert gathered.tolist() == [float(r) for r in mine]
 
-    # a rank in none of the split's groups gets None, as with NCCL
+    # a rank in none of the split's groups gets what torch gives it with NCCL: None, from torch 2.14 on
+    # GroupMember.NON_GROUP_MEMBER (torch_internals.TORCH_CHANGES)
     alone = dist.split_group(split_ranks=[[0]])
-    assert (alone is None) == (rank != 0)
+    outside = dist.GroupMember.NON_GROUP_MEMBER if torch_internals.at_least("2.14") else None
+    assert (alone is outside) == (rank != 0)
     if rank == 0:
         assert alone.size() == 1
 
 
 @distributed_test(world_size=SIZES, device="cuda")
-def test_split_group_needs_a_bound_device(rank, world_size):
+def test_split_group_of_a_group_bound_to_no_device(rank, world_size):
     import torch.distributed as dist
 
     _nccl_group(rank)
-    with pytest.raises(RuntimeError, match="^No device associated with the default pg, not safe to split"):
-        dist.split_group(split_ranks=[list(range(world_size))])
+    if not torch_internals.at_least("2.15"):
+        with pytest.raises(RuntimeError, match="^No device associated with the default pg, not safe to split"):
+            dist.split_group(split_ranks=[list(range(world_size))])
+        return
+    # torch 2.15 splits it (torch_internals.TORCH_CHANGES): the subgroup's communicator is set up at its first use
+    evens = list(range(0, world_size, 2))
+    sub = dist.split_group(split_ranks=[evens, list(range(1, world_size, 2))])
+    assert dist.get_backend(sub) == "nccl" and sub.bound_device_id is None
+    t = torch.full((1,), float(rank), device=torch.device("cuda", rank))
+    dist.all_reduce(t, group=sub)
+    assert t.item() == sum(evens if rank % 2 == 0 else range(1, world_size, 2))
 
 
 @distributed_test(world_size=SIZES, device="cuda")

@@ -49,6 +49,7 @@ def install(
         torch_internals.describe_wrappers_for_tracing(cls)
         torch_internals.run_flex_attention_on(cls, functools.partial(_on_inner, cls))
     torch_internals.keep_dynamo_out_of("accel.sim")
+    torch_internals.ask_python_for_dynamos_current_stream()  # torch 2.15 asks C++, which knows the hidden device
     torch_internals.around_dynamo_compiles(lambda: _starts(pause), lambda: _ends(resume))
     torch.compile = _eager_compile(torch.compile)  # same call, simulated ranks only
 

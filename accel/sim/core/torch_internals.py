@@ -101,6 +101,38 @@ TORCH_CHANGES: tuple[TorchChange, ...] = (
         "the stand-in torch_xla calls reduce_scatter_single; the collective check checks it too",
         "tests/test_sim_diagnoses.py::test_reduce_ops_and_subgroups_are_checked_too",
     ),
+    TorchChange(
+        "2.15",
+        "each new process group gets a C++ flight recorder unless its backends record themselves; it reads the "
+        "group's C++ name, which a Python group does not have (RuntimeError: ProcessGroup name not set)",
+        "record_no_flights_of: the simulator's Python groups (accel.sim.core.carried.PythonGroup) get none",
+        "tests/test_sim_cuda_internals.py::test_the_simulators_python_groups_get_no_flight_recorder",
+    ),
+    TorchChange(
+        "2.15",
+        "the private _get_split_source(pg) of torch 2.14 takes the requested backend too: (pg, backend)",
+        "keep_python_groups_out_of_splits passes on whatever torch gives it",
+        "tests/multiproc/test_sim_nccl_semantics.py::test_new_group_of_a_bound_group",
+    ),
+    TorchChange(
+        "2.15",
+        "split_group(...) no longer needs the default group bound to a device (init_process_group(device_id=...))",
+        "torch's own: the simulated NCCL subgroup sets its communicator up at its first collective, as NCCL's",
+        "tests/multiproc/test_sim_nccl_semantics.py::test_split_group_of_a_group_bound_to_no_device",
+    ),
+    TorchChange(
+        "2.15",
+        "Dynamo's current-stream look-up (torch._dynamo.utils.get_current_stream) moved to C++, which checks the "
+        "device against C++'s accelerator: the hidden device",
+        "ask_python_for_dynamos_current_stream: torch.accelerator.current_stream, as up to 2.14",
+        "tests/multiproc/test_sim_compile.py::test_dynamo_asks_no_driver_whether_a_cuda_graph_is_captured",
+    ),
+    TorchChange(
+        "2.15",
+        "FSDP2 records the stream of its gradient outputs by its stream_id",
+        "a simulated GPU's stream has the default stream's id, 0: accel/sim/cuda/fake.py",
+        "tests/multiproc/test_sim_cuda_tensor_parallel.py::test_fsdp2_on_dp_by_tensor_parallel_on_tp",
+    ),
 )
 
 
@@ -157,6 +189,12 @@ INTERNALS: dict[str, str] = {
     "torch._C._dispatch_has_kernel_for_dispatch_key": "composite ops reaching a simulated GPU whole are decomposed",
     "torch.distributed.distributed_c10d._get_default_group": "the collective check numbers each backend of a group",
     "torch.distributed.distributed_c10d._get_object_coll_device": "the collective check numbers backends apart",
+    "torch.distributed.distributed_c10d._maybe_attach_flight_recorder": (
+        "no flight recorder on the simulator's Python groups: C++ cannot read their names (torch 2.15 on)"
+    ),
+    "torch.distributed.distributed_c10d._get_split_source": (
+        "new_group of a bound simulated NCCL group: its Python group is not handed to the new backend to split from"
+    ),
     "torch._C._distributed_c10d.ProcessGroupGloo._reduce_scatter_base": "Gloo carries reduce_scatter_single",
     "torch.distributed.tensor._op_schema._rebuild_tensor_from_dtensor_meta": (
         "DTensor works out output shapes on fake tensors of the hidden device, which has a device guard"
@@ -175,6 +213,8 @@ INTERNALS: dict[str, str] = {
     "torch._subclasses.fake_tensor.FakeTensor": "a fake CUDA tensor made while Dynamo traces joins simulated ones",
     "torch._higher_order_ops.flex_attention.flex_attention": "compiled flex attention runs on simulated tensors",
     "torch._higher_order_ops.flex_attention.flex_attention_backward": "and so does its backward",
+    "torch._dynamo.utils.get_current_stream": "compiled code asks the simulated device for its current stream",
+    "torch._dynamo.guards.get_current_stream": "and so do Dynamo's guards",
     "torch._dynamo.trace_rules.add": "torch.compile never traces the simulator's own code (it is the device)",
     "torch._subclasses.meta_utils.MetaTensorDescriber": (
         "torch.compile's Dynamo makes fake tensors of simulated ones from their own storage, not their data's"
@@ -191,10 +231,21 @@ def missing_internals() -> list[str]:
     Those in DTensor and FSDP (`LAZY`) are checked when a rank imports them (`after_import`):
     importing them costs seconds, which a rank that does not use them should not pay.
     """
-    missing = [name for name in INTERNALS if not name.startswith(LAZY) and not _has_dotted(name)]
+    missing = [name for name in INTERNALS if not name.startswith(LAZY) and expected(name) and not _has_dotted(name)]
     if not os.path.exists(autocast_header()):
         missing.append(autocast_header())
     return missing
+
+
+#: internals of `INTERNALS` that torch has only from a later release than the oldest supported -> that release
+INTERNALS_SINCE: dict[str, str] = {
+    "torch.distributed.distributed_c10d._maybe_attach_flight_recorder": "2.15",
+}
+
+
+def expected(name: str) -> bool:
+    """Whether this torch should have internal `name` (those of `INTERNALS_SINCE` only from their release)."""
+    return at_least(INTERNALS_SINCE.get(name, SUPPORTED_TORCH[0]))
 
 
 #: packages whose internals are checked (and patched) only once a rank imports them
@@ -492,6 +543,60 @@ def completed_work(result: Any) -> Any:
     future: torch.futures.Future = torch.futures.Future()
     future.set_result(result)
     return _create_work_from_future(future)
+
+
+def keep_python_groups_out_of_splits(cls: type) -> None:
+    """`new_group` never hands a `cls` group to the new group's backend as the group to split from.
+
+    With a bound default group, `new_group` looks for a backend to split the new one from
+    (`distributed_c10d._get_split_source`, private); torch 2.14 then hands it to every new
+    backend's C++ options, Gloo's included, which take a C++ backend only: a Python group
+    (the simulated NCCL group) fails with a TypeError. A `cls` group splits on its own
+    (its backend creates the subgroup); NCCL's non-members' no-colour split is a no-op for it.
+    """
+    from torch.distributed import distributed_c10d
+
+    find = distributed_c10d._get_split_source
+    if getattr(find, "_accel_sim", False):
+        return
+
+    def _get_split_source(pg: Any, *args: Any, **kwargs: Any) -> Any:  # torch 2.15 passes the requested backend
+        found = find(pg, *args, **kwargs)
+        return None if isinstance(found, cls) else found
+
+    _get_split_source._accel_sim = True  # type: ignore[attr-defined]
+    distributed_c10d._get_split_source = _get_split_source
+
+
+def record_no_flights_of(cls: type) -> None:
+    """torch's flight recorder is not attached to `cls` groups, process groups written in Python (torch 2.15 on).
+
+    From torch 2.15 `_new_process_group_helper` attaches a C++ `FlightRecorderHook` to each
+    new group whose backends do not record themselves (`_maybe_attach_flight_recorder`,
+    private). It files entries under the group's C++ name, which a Python group keeps in
+    Python (`accel.sim.core.carried.PythonGroup`): "ProcessGroup name not set" at
+    `init_process_group`. torch skips the Python groups it can tell (no device types);
+    these report their devices, for torch's object collectives. Before 2.15: nothing to do.
+    """
+    name = "torch.distributed.distributed_c10d._maybe_attach_flight_recorder"
+    if not expected(name):
+        return
+    from torch.distributed import distributed_c10d
+
+    attach = getattr(distributed_c10d, name.rsplit(".", 1)[1], None)
+    if attach is None:
+        raise UnsupportedTorchError(
+            f"simulated devices need {name}, which torch {torch.__version__} lacks; "
+            f"supported torch versions: {', '.join(SUPPORTED_TORCH)}"
+        )
+    if getattr(attach, "_accel_sim", False):
+        return
+
+    def _maybe_attach_flight_recorder(pg: Any, *args: Any, **kwargs: Any) -> Any:
+        return None if isinstance(pg, cls) else attach(pg, *args, **kwargs)
+
+    _maybe_attach_flight_recorder._accel_sim = True  # type: ignore[attr-defined]
+    setattr(distributed_c10d, name.rsplit(".", 1)[1], _maybe_attach_flight_recorder)  # torch 2.15 on: not in 2.13's
 
 
 # -- the accelerator torch reports -----------------------------------------------------------------
@@ -1018,6 +1123,23 @@ def keep_dynamo_out_of(package: str) -> None:
     Dynamo leaves to run eagerly has its simulated ops compiled as user code.
     """
     after_import("torch._dynamo.trace_rules", lambda trace_rules: trace_rules.add(package))
+
+
+def ask_python_for_dynamos_current_stream() -> None:
+    """Code Dynamo compiles looks up the current stream with `torch.accelerator.current_stream`, as up to torch 2.14.
+
+    A compiled frame reads the current stream of the accelerator device it runs on
+    (`torch._dynamo.utils.get_current_stream`, private; bound by name in `torch._dynamo.guards`).
+    Up to torch 2.14 that is `torch.accelerator.current_stream`, which simulated devices answer;
+    torch 2.15 moved it to C++, which checks the device against C++'s accelerator, the hidden
+    device: "cuda doesn't match the current accelerator simcuda".
+    """
+
+    def get_current_stream(device: torch.device) -> Any:
+        return torch.accelerator.current_stream(device)
+
+    for module in ("torch._dynamo.utils", "torch._dynamo.guards"):
+        after_import(module, lambda found: setattr(found, "get_current_stream", get_current_stream))
 
 
 def around_dynamo_compiles(start: Callable[[], None], end: Callable[[], None]) -> None:

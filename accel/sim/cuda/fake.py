@@ -43,8 +43,8 @@ import torch.cuda
 import torch.cuda.random
 
 from accel.backends.cuda import CUDABackend
+from accel.sim.core import carried, hidden, moves, torch_internals
 from accel.sim.core import compile as sim_compile
-from accel.sim.core import hidden, moves, torch_internals
 from accel.sim.cuda import accelerator as cuda_accelerator
 from accel.sim.cuda import attention as cuda_attention
 from accel.sim.cuda import autocast as cuda_autocast
@@ -220,6 +220,10 @@ class Stream:
         return False  # no CUDA graphs on a simulated GPU
 
     @property
+    def stream_id(self) -> int:
+        return 0  # the default stream's (FSDP2 records its gradient outputs' stream by id from torch 2.15 on)
+
+    @property
     def device_index(self) -> int:
         return self.device.index
 
@@ -265,6 +269,9 @@ def _patches() -> dict[str, Any]:
         "current_stream": lambda device=None: Stream(device),
         "default_stream": lambda device=None: Stream(device),
         "stream": lambda stream=None: contextlib.nullcontext(stream),
+        # no CUDA graph is ever being captured (Dynamo asks before it traces, SyncBatchNorm before it syncs);
+        # a CUDA build's own would ask the real driver, a CPU build's raises
+        "is_current_stream_capturing": lambda: False,
         "get_rng_state": lambda device="cuda": _generator(device).get_state(),
         "set_rng_state": lambda new_state, device="cuda": _generator(device).set_state(new_state.clone()),
         "get_rng_state_all": lambda: [g.get_state() for g in gpus().generators],
@@ -387,6 +394,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         cuda_tensor.add_special({**cuda_functional.handlers(), **cuda_attention.handlers(), **cuda_blas.handlers()})
         cuda_attention.install()
         cuda_group.register()
+        torch_internals.record_no_flights_of(carried.PythonGroup)  # the simulated NCCL groups are Python's
         torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
         sim_compile.install((cuda_tensor.SimCudaTensor,), cuda_memory.pause, cuda_memory.resume)
         torch.version.cuda = CUDA_VERSION  # a CPU build says None

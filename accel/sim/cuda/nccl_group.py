@@ -938,6 +938,7 @@ def install() -> None:
     if _installed:
         return
     dist.Backend.register_backend(BACKEND, _create, devices=["cuda", cuda_state.HIDDEN_DEVICE])
+    torch_internals.keep_python_groups_out_of_splits(SimNcclGroup)  # it splits on its own (split_group)
     original_new_group = distributed_c10d.new_group
 
     @functools.wraps(original_new_group)

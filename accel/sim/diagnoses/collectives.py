@@ -87,6 +87,7 @@ RULES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "all_gather_single": (("input_tensor",), ()),
     "reduce_scatter": (("output",), ("op",)),
     "reduce_scatter_tensor": (("input",), ("op",)),
+    "reduce_scatter_single": (("input",), ("op",)),  # what torch 2.14 has reduce_scatter_tensor's callers use
     "all_to_all": ((), ()),
     "all_to_all_single": ((), ()),
     "gather": (("tensor",), ("dst", "group_dst")),

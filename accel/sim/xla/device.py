@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from accel.sim.core import autocast as core_autocast
+from accel.sim.core import carried, device_rules, hidden, torch_internals, wrapper
 from accel.sim.core import compile as sim_compile
-from accel.sim.core import device_rules, hidden, torch_internals, wrapper
 from accel.sim.core.wrapper import WrapperTensor
 
 #: what C++ calls the device under a simulated XLA tensor (PrivateUse1, renamed)
@@ -266,6 +266,7 @@ def install() -> None:
     torch.Tensor.pin_memory = pin_memory  # type: ignore[method-assign,assignment]  # same signature
     torch.Tensor.is_pinned = is_pinned  # type: ignore[method-assign,assignment]  # same signature
     sim_compile.install((XlaTensor,))  # torch.compile(backend="openxla") traces, then runs eagerly
+    torch_internals.record_no_flights_of(carried.PythonGroup)  # torch_xla's stand-in group is Python's
     _installed.append(True)
 
 

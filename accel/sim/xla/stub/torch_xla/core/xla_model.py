@@ -349,7 +349,8 @@ def _reduce_scatter_tensor(
             _check_xla([value])
             moved = value.movedim(scatter_dim, 0).contiguous()
             out = torch.empty((moved.size(0) // shard_count, *moved.shape[1:]), dtype=value.dtype, device=value.device)
-            dist.reduce_scatter_tensor(out, moved, op=op, group=_group(groups, "reduce_scatter"))
+            # reduce_scatter_single: reduce_scatter_tensor calls it, and torch 2.14 deprecates that name
+            dist.reduce_scatter_single(out, moved, op=op, group=_group(groups, "reduce_scatter"))
             result = out.movedim(0, scatter_dim)
         if scale != 1.0:
             result = result * (scale if result.is_floating_point() or result.is_complex() else int(scale))
