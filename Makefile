@@ -51,7 +51,14 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-demo: install
+# The demo needs torch and the project only, not the test tools (frameworks, linters).
+$(VENV)/.demo-installed: pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e .
+	touch $@
+
+demo: $(VENV)/.demo-installed
 	$(VENV)/bin/accel launch --simulate cuda --num_processes 4 examples/train_regression.py
 
 bench: install
