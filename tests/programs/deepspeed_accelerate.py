@@ -25,7 +25,6 @@ ZeRO-3) after training, and the main process also that of the state dict it got.
 """
 
 import argparse
-import hashlib
 import json
 import os
 
@@ -35,6 +34,7 @@ from accelerate import Accelerator, DeepSpeedPlugin
 from accelerate.state import AcceleratorState
 from accelerate.utils import DummyOptim, set_seed
 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+from weights_checksum import checksum
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--runs", default="ddp,zero1:torch,zero2:torch,zero3:torch")
@@ -45,20 +45,6 @@ parser.add_argument("--out", required=True)
 args = parser.parse_args()
 
 LR, WEIGHT_DECAY, BATCH = 1e-2, 0.01, 8
-
-
-def checksum(tensors):
-    """A digest of the tensors' float32 values and names, their sum and the sum of their absolute values."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        digest.update(name.encode())
-        digest.update(tensors[name].detach().float().cpu().contiguous().numpy().tobytes())
-    values = [t.detach().double().cpu() for t in tensors.values()]
-    return {
-        "sha256": digest.hexdigest()[:16],
-        "sum": sum(float(v.sum()) for v in values),
-        "abs": sum(float(v.abs().sum()) for v in values),
-    }
 
 
 def full_parameters(accelerator, model):

@@ -21,7 +21,6 @@ holds only its partition).
 """
 
 import argparse
-import hashlib
 import json
 import os
 
@@ -29,6 +28,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
+from weights_checksum import checksum
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--runs", default="ddp,zero1,zero2,zero3")
@@ -80,20 +80,6 @@ def mean_over_ranks(value):
 def evaluate(model, device, dtype):
     """The loss over the whole data set (the same on every rank)."""
     return torch.nn.functional.mse_loss(model(INPUTS.to(device, dtype)).float(), TARGETS.to(device)).item()
-
-
-def checksum(tensors):
-    """A digest of the tensors' float32 values and names, their sum and the sum of their absolute values."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        digest.update(name.encode())
-        digest.update(tensors[name].detach().float().cpu().contiguous().numpy().tobytes())
-    values = [t.detach().double().cpu() for t in tensors.values()]
-    return {
-        "sha256": digest.hexdigest()[:16],
-        "sum": sum(float(v.sum()) for v in values),
-        "abs": sum(float(v.abs().sum()) for v in values),
-    }
 
 
 def adam_state_numel(optimizer):

@@ -27,7 +27,6 @@ ZeRO-3).
 """
 
 import argparse
-import hashlib
 import json
 import os
 
@@ -37,6 +36,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
+from weights_checksum import checksum
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--runs", default="ddp,zero1,zero2,zero3")
@@ -65,20 +65,6 @@ class Losses(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
             self.steps.append({"loss": logs["loss"], "grad_norm": float(logs.get("grad_norm", float("nan")))})
-
-
-def checksum(tensors):
-    """A digest of the tensors' float32 values and names, their sum and the sum of their absolute values."""
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        digest.update(name.encode())
-        digest.update(tensors[name].detach().float().cpu().contiguous().numpy().tobytes())
-    values = [t.detach().double().cpu() for t in tensors.values()]
-    return {
-        "sha256": digest.hexdigest()[:16],
-        "sum": sum(float(v.sum()) for v in values),
-        "abs": sum(float(v.abs().sum()) for v in values),
-    }
 
 
 def full_parameters(model):
