@@ -46,10 +46,17 @@ def run(
     return output
 
 
+#: test_sync's data are drawn afresh in every run (`RegressionDataset(seed=None)`), and its
+#: `allclose` between a full-batch gradient and DDP's average misses on some draws (seen once
+#: in CI on CPU ranks: -0.00230277 against -0.00230283); its data are seeded here, so a
+#: failure is accel's, not the draw's
+SEEDED = {"test_sync": {"dset = RegressionDataset(length=80)": "dset = RegressionDataset(length=80, seed=42)"}}
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("script", ["test_ops", "test_script", "test_sync"])
 def test_accelerates_scripts_pass_against_accel(tmp_path, script, device):
-    output = run(script, device, tmp_path)
+    output = run(script, device, tmp_path, SEEDED.get(script))
     assert "Traceback" not in output
 
 
