@@ -53,6 +53,36 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help='run @distributed_test(device="cuda") tests on real GPUs with NCCL (skipped when fewer GPUs than ranks)',
     )
+    group.addoption(
+        "--simulate",
+        metavar="cuda:N",
+        default=None,
+        help="run the session and every process it starts on a simulated node (as ACCEL_SIMULATE=cuda:N does): "
+        "cuda:N, cuda:N,gpu=NAME, cuda:N,shapes_only, xla:N",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """`--simulate`: put the session on a simulated node before conftests and test modules import torch."""
+    value = early_config.known_args_namespace.simulate
+    if value:
+        simulate_session(value)
+
+
+def simulate_session(value: str) -> None:
+    """This process and those it starts (xdist workers, subprocesses) on node `value` (`accel.sim.node`)."""
+    from accel.sim.node import spec, start
+
+    try:
+        wanted = spec.parse(value)
+    except spec.SimulateSpecError as error:
+        raise pytest.UsageError(str(error).replace(f"{spec.ENV}=", "--simulate=")) from None
+    running = start.current()
+    if running is not None and running != wanted:
+        raise pytest.UsageError(f"--simulate={value} asks for another node than {spec.ENV}={running} gives")
+    os.environ[spec.ENV] = str(wanted)
+    start.start()
 
 
 def pytest_configure(config: pytest.Config) -> None:

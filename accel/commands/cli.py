@@ -1,4 +1,4 @@
-"""The `accel` command: `accel launch ...`, `accel env`, `accel merge-weights ...`.
+"""The `accel` command: `accel launch ...`, `accel run ...`, `accel env`, `accel merge-weights ...`.
 
 Each sub-command lives in its own module with `add_parser(subparsers)` and a `run(args)`
 returning the exit code; this module only wires them together.
@@ -10,9 +10,9 @@ import argparse
 import sys
 
 from accel import __version__
-from accel.commands import env, launch, merge
+from accel.commands import env, launch, merge, run
 
-_COMMANDS = (launch, env, merge)
+_COMMANDS = (launch, run, env, merge)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -34,18 +34,36 @@ each simulated GPU is, `gpu_models`), `ACCEL_SIM_GPU_MEMORY` (0 turns GPU memory
 
 from typing import TYPE_CHECKING
 
-from accel.sim.diagnoses.failures import (
-    CollectiveMismatch,
-    DistributedDeadlock,
-    DistributedFailure,
-    DistributedTimeout,
-    RankFailure,
+from accel._lazy import lazy_exports
+
+# Lazy, so that a process on a simulated node (`accel.sim.node`, started from a .pth file at
+# interpreter start) pays nothing for the launcher it does not use.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "accel.sim.diagnoses.failures": [
+            "CollectiveMismatch",
+            "DistributedDeadlock",
+            "DistributedFailure",
+            "DistributedTimeout",
+            "RankFailure",
+        ],
+        "accel.sim.diagnoses.faults": ["Fault", "InjectedFault", "fault_point", "parse_fault"],
+        "accel.sim.runtime.launcher": ["launch"],
+    },
 )
-from accel.sim.diagnoses.faults import Fault, InjectedFault, fault_point, parse_fault
-from accel.sim.runtime.launcher import launch
 
 if TYPE_CHECKING:
     from accel.sim.cuda.properties import PeakMemory
+    from accel.sim.diagnoses.failures import (
+        CollectiveMismatch,
+        DistributedDeadlock,
+        DistributedFailure,
+        DistributedTimeout,
+        RankFailure,
+    )
+    from accel.sim.diagnoses.faults import Fault, InjectedFault, fault_point, parse_fault
+    from accel.sim.runtime.launcher import launch
 
 
 def peak_memory(device: object = None) -> "PeakMemory":

@@ -19,9 +19,12 @@ HAS_NCCL = True
 EQUIVALENTS = {cuda_group.BACKEND_NAME: "cpu:gloo,cuda:nccl"}
 
 
-def prepare() -> None:
-    """LOCAL_WORLD_SIZE simulated GPUs, the real CUDA backend on them, and their "nccl" group."""
-    fake_cuda.install()
+def prepare(local_rank: int | None = None, device_count: int | None = None) -> None:
+    """`device_count` simulated GPUs (default LOCAL_WORLD_SIZE), the real CUDA backend on them, their "nccl" group.
+
+    `local_rank`: the current GPU (default LOCAL_RANK); a process on a simulated node starts on 0.
+    """
+    fake_cuda.install(local_rank, device_count)
     register_backend(fake_cuda.SimCUDABackend, replace=True)
     # Here torch.cuda says a GPU is present, so whatever asks the registry for "cuda"
     # (by name or by availability) must get the simulated backend, never NCCL.

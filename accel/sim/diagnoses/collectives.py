@@ -264,6 +264,9 @@ class _Watch:
         self.exchange: _Exchange | None = None
         self.store: Any = None
         self.prefix_store: Any = None
+        #: the store the check goes through where no launcher hosts one (a process on a simulated
+        #: node: its group's own store); None: the launcher's, at MASTER_ADDR:MASTER_PORT
+        self.group_store: Any = None
         #: (prefix store, sequences) of ended tasks whose signatures are still in the store
         self._finished: list[tuple[Any, dict[str, int]]] = []
 
@@ -412,6 +415,8 @@ class _Watch:
         # A client of the rendezvous store per thread: a client waits for its peers' keys
         # holding its connection, which another thread's check must not wait behind.
         local = self._threads
+        if getattr(local, "store", None) is None and self.group_store is not None:
+            local.store = self.store = self.group_store.clone()  # a client of its own, as below
         if getattr(local, "store", None) is None:
             local.store = self.store = dist.TCPStore(
                 os.environ["MASTER_ADDR"],
@@ -457,9 +462,15 @@ class _Watch:
 _watch = _Watch()
 
 
-def install(workdir: str, rank: int) -> None:
-    """Wrap torch.distributed's collectives in this rank process (once, at its start)."""
+def install(workdir: str, rank: int, store: Any = None) -> None:
+    """Wrap torch.distributed's collectives in this rank process (once, at its start).
+
+    `store`: the one the check goes through (default: the launcher's, at MASTER_ADDR:MASTER_PORT).
+    """
     _watch.rank = rank
+    _watch.group_store = store
+    _watch.store = None
+    _watch._threads = threading.local()
     if _SYS_FUTEX is not None and os.environ.get("ACCEL_SIM_CHECK_EXCHANGE", "store") == "shm":
         _watch.exchange = _Exchange(os.path.join(workdir, "check.shm"), rank, dist.get_world_size())
     path = board_path(workdir, rank)

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d
+from torch.distributed import constants, distributed_c10d
 
 _device: str | None = None
 #: the device's hooks, `accel.sim.<device>.rank` (None: the CPU's defaults; see `accel.sim.devices`)
@@ -49,6 +49,9 @@ _labels: dict[Any, str] = {}
 _simulator: dict[str, Any] = {}
 #: groups created in this process: each rendezvouses under its own store prefix
 _generation = [0]
+#: a process on a simulated node (`accel.sim.node`): no launcher, the script's group is its own;
+#: each callable is told when a default group has been created
+_node: list[Any] = []
 
 
 class IncompatibleProcessGroupRequest(RuntimeError):
@@ -135,6 +138,9 @@ def init_process_group(
 ) -> None:
     """`dist.init_process_group` in a simulated rank: adopt, replace or create (module docstring)."""
     wanted = _normalise(backend)
+    if _node:
+        _init_on_node(wanted, init_method, timeout, world_size, rank, store, group_name, pg_options, device_id)
+        return
     _check_possible(wanted, world_size, rank)
     if dist.is_initialized():
         world = dist.GroupMember.WORLD
@@ -150,6 +156,34 @@ def init_process_group(
         dist.destroy_process_group()
     create(wanted, timeout, pg_options)
     _bind_eagerly(device_id)
+
+
+def on_node(created: Any) -> None:
+    """This process is on a simulated node: groups are made as the script asks; `created()` follows each."""
+    _node.append(created)
+
+
+def _init_on_node(wanted: str, init_method: Any, timeout: Any, world_size: int, rank: int, *rest: Any) -> None:
+    """A script's own group on a simulated node: torch's, with "nccl" the simulated NCCL group."""
+    store, group_name, pg_options, device_id = rest
+    if "nccl" in wanted and not getattr(_rank, "HAS_NCCL", False):
+        _check_possible(wanted, world_size, rank)  # refused in NCCL's words
+    backend = getattr(_rank, "to_torch", _unchanged)(wanted)
+    if store is None:
+        # torch's own rendezvous, done here so that the node's collective check can share the store
+        # NCCL's default (10 minutes) where asked for it; torch leaves that constant None on a CPU build
+        nccl_default = constants.default_pg_nccl_timeout or datetime.timedelta(minutes=10)
+        timeout = timeout or (nccl_default if "nccl" in wanted else constants.default_pg_timeout)
+        store, rank, world_size = next(dist.rendezvous(init_method or "env://", rank, world_size, timeout=timeout))
+        store.set_timeout(timeout)
+        store = dist.PrefixStore("default_pg", store)
+    # device_id binds the group eagerly below, as NCCL's communicator is (torch binds C++ NCCL only)
+    _original_init(backend, None, timeout, world_size, rank, store, group_name, pg_options)
+    _labels.clear()
+    _labels[dist.GroupMember.WORLD] = wanted
+    _bind_eagerly(device_id)
+    for created in _node:
+        created(store)
 
 
 def _bind_eagerly(device_id: Any) -> None:
