@@ -9,8 +9,9 @@ leak into ranks):
 - the rank server (`accel.sim.runtime.server`, turned on by `use_server`, as the pytest harness
   does): the same, but it outlives the session, so that the next session (and every
   `pytest -n N` worker of this one) finds torch imported already. A session's ranks
-  still end with the session; the server stops when idle, and never serves a project
-  whose files changed since it imported them.
+  still end with the session; the server stops when idle, never serves a project
+  whose files changed since it imported them, and stops the other idle servers of its
+  project (`project_folder`) when it becomes idle itself: at most one idle per project.
 
 `start_rank` starts one rank either way and returns a process handle (pid, sentinel,
 exitcode, join) and the parent's end of its connection.
@@ -23,6 +24,7 @@ import fcntl
 import hashlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -47,13 +49,20 @@ SERVER_ENV = "ACCEL_SIM_SERVER"
 #: variables that name one session's moment or start coverage in every interpreter: not
 #: part of what a server depends on, and not given to it
 _TRANSIENT_PREFIXES = ("PYTEST_", "COV_CORE_")
-_TRANSIENT_NAMES = ("COVERAGE_PROCESS_START", "PYTHONBREAKPOINT", "ACCEL_SIM_SELF_FORK")
+# ACCEL_SIMULATE/ACCEL_SIM_NODE: a rank server is no process of the node its client is on (its ranks set their own)
+_TRANSIENT_NAMES = (
+    "COVERAGE_PROCESS_START",
+    "PYTHONBREAKPOINT",
+    "ACCEL_SIM_SELF_FORK",
+    "ACCEL_SIMULATE",
+    "ACCEL_SIM_NODE",
+)
 #: environment variable turning off ("0") the session's own rank server forked from itself
 SELF_FORK_ENV = "ACCEL_SIM_SELF_FORK"
 #: seconds a request to the rank server may take (its start imports torch)
 SERVER_TIMEOUT = float(os.environ.get("ACCEL_SIM_START_TIMEOUT", "120"))
-#: bumped when the protocol between client and server changes
-_PROTOCOL = 1
+#: bumped when the protocol between client and server changes (2: "stop-if-idle", project-named sockets)
+_PROTOCOL = 2
 
 
 def context() -> Any:
@@ -67,7 +76,19 @@ def context() -> Any:
             if name not in wanted:
                 wanted.append(name)
         server.set_forkserver_preload(wanted)
+        with _off_the_node():
+            server.ensure_running()
     return multiprocessing.get_context("forkserver")
+
+
+@contextlib.contextmanager
+def _off_the_node() -> Any:
+    """Start a fork server without the simulated node's variables: its ranks are the simulator's, not the node's."""
+    saved = {name: os.environ.pop(name) for name in ("ACCEL_SIMULATE", "ACCEL_SIM_NODE") if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 _extra_preload: list[str] = []
@@ -164,7 +185,8 @@ class _TorchImportWatch(importlib.abc.MetaPathFinder):
             return None
         with contextlib.suppress(ValueError):  # once is enough
             sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        # the finders after this one (a simulated node's boot wraps torch's loader too: `accel.sim.node.start`)
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
         spec.loader = _WatchedLoader(spec.loader)
@@ -207,6 +229,8 @@ def self_fork_refusal() -> str:
     """Why this process may not fork itself into a rank server now, or "" when it may."""
     if os.environ.get(SELF_FORK_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return f"{SELF_FORK_ENV}=0"
+    if "accel.sim.node.boot" in sys.modules:  # its ranks would inherit the node's devices and groups
+        return "this process is on a simulated node (ACCEL_SIMULATE)"
     if not sys.platform.startswith("linux"):
         return "not on Linux"
     if "torch" not in sys.modules:
@@ -303,7 +327,7 @@ def _plan_server() -> dict[str, Any]:
     key = server_key()
     return {
         "key": key,
-        "path": os.path.join(server_directory(), f"{key[:32]}.sock"),
+        "path": socket_path(key),
         "sys_path": list(sys.path),
         "env": server_environment(),
         "cwd": os.getcwd(),
@@ -324,7 +348,7 @@ def server_running() -> bool:
     """Whether the rank server of this session's key is there to connect to."""
     if _client is not None and _client_pid == os.getpid():
         return True
-    sock = _try_connect(os.path.join(server_directory(), f"{server_key()[:32]}.sock"))
+    sock = _try_connect(socket_path(server_key()))
     if sock is None:
         return False
     sock.close()
@@ -431,6 +455,32 @@ def server_directory() -> str:
     return path
 
 
+def project_folder() -> str:
+    """The project a session works on: the top level of the git work tree holding the working
+    directory (the nearest folder at or above it with a `.git`), else the working directory.
+
+    The rank servers of one project bound each other (`accel.sim.runtime.server`: at most one of
+    them idle), whichever subfolder, interpreter or environment each session ran with.
+    """
+    start = os.path.realpath(os.getcwd())
+    folder = start
+    while not os.path.exists(os.path.join(folder, ".git")):
+        parent = os.path.dirname(folder)
+        if parent == folder:  # the root, and no work tree above: the working directory alone
+            return start
+        folder = parent
+    return folder
+
+
+def socket_path(key: str) -> str:
+    """Where the rank server of `key` listens: ``<project>-<key>.sock`` in `server_directory`.
+
+    The project (`project_folder`, hashed) comes first so that a server finds the other servers
+    of its project by name alone (`accel.sim.runtime.server.sibling_sockets`)."""
+    project = hashlib.sha256(project_folder().encode()).hexdigest()[:16]
+    return os.path.join(server_directory(), f"{project}-{key[:32]}.sock")
+
+
 def server_environment() -> dict[str, str]:
     """The environment a rank server starts with (and is keyed by): ours less the transient variables."""
     return {
@@ -467,7 +517,7 @@ def _connect() -> ServerClient:
     from accel.sim.runtime import server
 
     key = server_key()
-    path = os.path.join(server_directory(), f"{key[:32]}.sock")
+    path = socket_path(key)
     why = ""
     for _ in range(3):
         sock = _try_connect(path)
@@ -592,9 +642,9 @@ def _spawn(path: str, key: str, plan: dict[str, Any] | None = None, wait: bool =
 _detached: list[subprocess.Popen] = []
 
 
-def _log_path(socket_path: str) -> str:
-    """The server's log (what it printed, e.g. an import error), also the lock of its start."""
-    return socket_path[: -len(".sock")] + ".log"
+def _log_path(path: str) -> str:
+    """The log of the server listening at `path` (what it printed, e.g. an import error), also the lock of its start."""
+    return path[: -len(".sock")] + ".log"
 
 
 def _log_tail(path: str) -> str:

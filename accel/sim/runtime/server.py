@@ -9,6 +9,15 @@ after the other and by the `pytest -n N` workers of a session, on these terms:
   interpreter and its version, sys.path, the working directory, the environment (less the
   variables that name one session's moment: PYTEST_*, coverage's start-up variables) and
   the modules to preload. Sessions that differ in any of these get different servers.
+- **Bounded: at most one idle server per project.** The name starts with a hash of the
+  project (`accel.sim.runtime.forking.project_folder`: the git work tree of the working
+  directory, else that directory): ``<project>-<key>.sock``. Whenever a server becomes
+  idle (as it starts, and each time its last client left and its ranks are gone), it asks
+  the other servers of its project to stop if idle (``stop-if-idle``); one stops only when
+  it has no client and no rank and became idle earlier than the asker, so that the most
+  recently used one stays (of two that became idle at once, exactly one). A server in use
+  refuses, and asks in its turn once it becomes idle. So a project has at most one idle
+  server (about 230 MB), plus one per environment its running sessions use.
 - **Never serving a changed project.** The server records the files of every module it
   imported (outside the standard library: accel, harness, torch, ...) with their sizes and
   modification times; each client's hello re-checks them, and a server whose files
@@ -30,7 +39,8 @@ after the other and by the `pytest -n N` workers of a session, on these terms:
 The protocol (one stream connection per client, length-prefixed pickles of plain tuples,
 descriptors passed alongside with SCM_RIGHTS): ``("hello", key)`` -> ``("ok", pid)`` or
 ``("refused", why)``; ``("fork", config)`` with the rank's connection and the write end of
-its status pipe -> ``("forked", pid)`` or ``("error", text)``; ``("kill", pid)``; ``("stop",)``.
+its status pipe -> ``("forked", pid)`` or ``("error", text)``; ``("kill", pid)``; ``("stop",)``;
+``("stop-if-idle", idle_since, pid)`` (from another server of the project; no answer).
 Client side: `accel.sim.runtime.forking`.
 """
 
@@ -154,6 +164,8 @@ class Server:
     ) -> None:
         #: None: a session's own server (`serve_session`), serving the one client it was forked with
         self.listener = listener
+        if listener is not None:  # `_accept` takes what is waiting, and never waits
+            listener.setblocking(False)
         self.path = path
         self.key = key
         self.idle = idle
@@ -162,6 +174,13 @@ class Server:
         self.accepting = True
         #: when the last client left (the idle time counts from then)
         self.last_active = time.monotonic()
+        #: clients that said hello and were served: sessions (not other servers asking it to stop)
+        self.sessions: set[socket.socket] = set()
+        #: when it became idle (no session, no rank; time.monotonic, one clock for the whole
+        #: machine, compared with other servers'); None while in use
+        self.idle_since: float | None = self.last_active
+        #: whether this idle spell was announced to the project's other servers (`_stop_idle_siblings`)
+        self.announced = False
         self.files = module_files() if record_files else {}
         #: threads after the preload (torch's library starts one idle native thread)
         self.native_threads = _native_threads()
@@ -182,6 +201,8 @@ class Server:
             self.selector.register(self.listener, selectors.EVENT_READ)
         self.selector.register(self.wake_r, selectors.EVENT_READ)
         while True:
+            self._note_idle()
+            self._stop_idle_siblings()
             if self.clients or self.ranks:
                 timeout = None
             else:
@@ -203,16 +224,18 @@ class Server:
                     self._serve_client(key.fileobj)  # type: ignore[arg-type]  # registered sockets only
             self._reap()
 
-    def _accept(self) -> None:
+    def _accept(self) -> bool:
+        """Accept a client waiting to connect; whether there was one (the listener does not block)."""
         if self.listener is None:
-            return
+            return False
         try:
             client, _ = self.listener.accept()
         except OSError:
-            return
+            return False
         client.setblocking(True)
         self.clients[client] = set()
         self.selector.register(client, selectors.EVENT_READ)
+        return True
 
     def _serve_client(self, client: socket.socket) -> None:
         try:
@@ -230,6 +253,8 @@ class Server:
             elif kind == "kill":
                 if message[1] in self.clients[client]:
                     _kill(message[1])
+            elif kind == "stop-if-idle":
+                self._stop_if_idle(client, message[1], message[2])
             elif kind == "stop":
                 self._stop_accepting()
                 for pid in list(self.ranks):
@@ -253,7 +278,47 @@ class Server:
         elif not self.accepting:
             send(client, ("refused", "this server is stopping"))
         else:
+            # In use: idle again once no session is left and their ranks are gone (`_note_idle`).
+            self.sessions.add(client)
+            self.idle_since = None
             send(client, ("ok", os.getpid()))
+
+    def _stop_idle_siblings(self) -> None:
+        """Once per idle spell, ask the project's other servers to stop if idle: this one, the
+        last used, stays warm for the project's next session, and at most one idle server per
+        project is left."""
+        if self.idle_since is None or self.announced or not self.accepting or self.listener is None:
+            return
+        self.announced = True
+        for path in sibling_sockets(self.path):
+            with socket.socket(socket.AF_UNIX) as sock:
+                # The message is a few bytes: it fits the socket's buffer, so no wait on a busy sibling
+                # (the timeout is for a full backlog); no answer is awaited, so two asking each other
+                # at once cannot deadlock.
+                sock.settimeout(1.0)
+                with contextlib.suppress(OSError):  # gone, or stopping: nothing to stop
+                    sock.connect(path)
+                    send(sock, ("stop-if-idle", self.idle_since, os.getpid()))
+
+    def _stop_if_idle(self, asker: socket.socket, their_idle_since: float, their_pid: int) -> None:
+        """Another server of the project became idle: stop unless in use or idle since later than it.
+
+        In use means a rank or a client other than the asker (one that connected but did not say
+        hello yet is about to use this server). Of two idle servers, the one idle since earlier
+        stops (pid as the tie-break), so that two asking each other at once do not both stop."""
+        while self._accept():  # clients that connected before this request count: never stopped under them
+            pass
+        in_use = bool(self.ranks) or any(other is not asker for other in self.clients)
+        mine = self.idle_since
+        if not in_use and mine is not None and (mine, os.getpid()) < (their_idle_since, their_pid):
+            self._stop_accepting()
+        self._drop(asker)
+
+    def _note_idle(self) -> None:
+        """Note when the last session and rank went (what `_stop_if_idle` compares), to be announced."""
+        if self.idle_since is None and not self.sessions and not self.ranks:
+            self.idle_since = time.monotonic()
+            self.announced = False
 
     def _fork(self, client: socket.socket, config: dict[str, Any], fds: list[int]) -> None:
         if len(fds) != _FORK_FDS:
@@ -325,6 +390,7 @@ class Server:
     def _drop(self, client: socket.socket) -> None:
         """A client left: its ranks still running are killed (nothing of a session outlives it)."""
         pids = self.clients.pop(client, set())
+        self.sessions.discard(client)
         self.last_active = time.monotonic()
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(client)
@@ -481,6 +547,24 @@ def _show_warning(message: Any) -> None:
         return
     with contextlib.suppress(OSError):  # as warnings does: a broken stream loses the warning
         file.write(warnings._formatwarnmsg(message))  # type: ignore[attr-defined]
+
+
+def sibling_sockets(path: str) -> list[str]:
+    """The sockets of the other servers of the project of the server listening at `path`: those
+    of its folder whose name starts with the same project hash (``<project>-<key>.sock``)."""
+    folder, name = os.path.split(path)
+    project, dash, _ = name.partition("-")
+    if not dash:
+        return []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return [
+        os.path.join(folder, other)
+        for other in sorted(names)
+        if other != name and other.startswith(project + dash) and other.endswith(".sock")
+    ]
 
 
 def stop_all(directory: str) -> int:

@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 import accel.state  # noqa: F401  (preloaded: every rank needs it)
+from accel.sim.cuda import node_memory
 from accel.sim.diagnoses import collectives, faults
 from accel.sim.runtime import serialize
 from accel.sim.runtime.cleanslate import CleanSlate, seed_everything
@@ -101,6 +102,9 @@ def serve(config: dict[str, Any], conn: Any, coverage: Any = None) -> None:
         finally:
             faults.disarm()
             collectives.end_task()
+            # Before answering: the next test starts with empty GPUs, and its ranks must not
+            # see this one's memory while this rank has not yet reset its device.
+            node_memory.start_afresh()
         _flush()
         _save_coverage()
         done = dataclasses.replace(done, pg_ok=_group_exists() == had_group)
@@ -181,6 +185,7 @@ def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
     # Exactly what torchrun gives a worker (the launch may override the restart counters).
     run_id = os.path.basename(config["workdir"])
     os.environ.update(torchrun_environment(rank, world_size, run_id, config["workdir"]))
+    _on_the_launch_node(device if not config["real_device"] else "real", config["workdir"])
     torch.set_num_threads(config["num_threads"])
     os.environ["MASTER_PORT"] = str(_rendezvous_port(rank, world_size, conn))
     reset_device = _prepare_device(device, config["real_device"])
@@ -190,6 +195,16 @@ def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
     reset_state()  # tests start from nothing; the process group stays
     seed_everything(0)
     return CleanSlate(reset_device)
+
+
+def _on_the_launch_node(device: str, workdir: str) -> None:
+    """The ranks of a launch are the processes of one node (its folder: the launch's), sharing its GPUs'
+    memory (`accel.sim.cuda.node_memory`); Python processes they start join it (`accel.sim.node`)."""
+    os.environ[node_memory.NODE_ENV] = workdir
+    if device in ("cuda", "xla"):
+        os.environ["ACCEL_SIMULATE"] = f"{device}:{os.environ['LOCAL_WORLD_SIZE']}"
+    else:
+        os.environ.pop("ACCEL_SIMULATE", None)
 
 
 def _rendezvous_port(rank: int, world_size: int, conn: Any) -> int:
