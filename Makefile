@@ -13,7 +13,7 @@ install: $(STAMP)
 # The project and its test tools go in with torch held at what TORCH_SPEC installed: a test
 # tool pinning something that torch build does not match fails the install instead of
 # swapping torch for another build.
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py accel_simulate.pth Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip freeze | grep -E '^torch( @|==)' > $(VENV)/torch-constraint.txt
@@ -52,7 +52,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 # The demo needs torch and the project only, not the test tools (frameworks, linters).
-$(VENV)/.demo-installed: pyproject.toml Makefile
+$(VENV)/.demo-installed: pyproject.toml setup.py accel_simulate.pth Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e .
