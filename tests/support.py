@@ -40,3 +40,16 @@ def nccl_group(rank: int):
     dist.init_process_group("nccl")
     torch.cuda.set_device(rank)
     return torch.device("cuda", rank)
+
+
+#: a test module of two ranks that writes down each rank's pid and its parent's (the rank server's)
+RECORDING = """
+import os, pathlib
+from harness import distributed_test
+
+@distributed_test(world_size=2)
+def test_{name}(rank):
+    folder = pathlib.Path(__file__).parent / "pids"
+    folder.mkdir(exist_ok=True)
+    (folder / str(os.getpid())).write_text(str(os.getppid()))
+"""

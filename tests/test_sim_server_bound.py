@@ -12,24 +12,13 @@ import tempfile
 
 import pytest
 from harness_support import assert_nothing_left_running, is_rank_server
-from support import process_gone
+from support import RECORDING, process_gone
 
 from accel.sim.runtime import forking, server
 
 pytest_plugins = ["pytester"]
 
 NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
-
-RECORDING = """
-import os, pathlib
-from harness import distributed_test
-
-@distributed_test(world_size=2)
-def test_{name}(rank):
-    folder = pathlib.Path(__file__).parent / "pids"
-    folder.mkdir(exist_ok=True)
-    (folder / str(os.getpid())).write_text(str(os.getppid()))
-"""
 
 
 @pytest.fixture
