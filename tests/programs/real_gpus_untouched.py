@@ -12,12 +12,27 @@ import sys
 import torch
 
 # the C entry points that reach the CUDA runtime or driver (present in CUDA builds only)
-DEVICE_CALLS = (
-    "_cuda_init _cuda_getDeviceCount _cuda_getDevice _cuda_setDevice _cuda_exchangeDevice _cuda_maybeExchangeDevice "
-    "_cuda_synchronize _cuda_getCurrentStream _cuda_getDefaultStream _cuda_setStream _cuda_getCurrentRawStream "
-    "_cuda_emptyCache _cuda_memoryStats _cuda_memorySnapshot _cuda_getCurrentBlasHandle _cuda_hasPrimaryContext "
-    "_cuda_canDeviceAccessPeer _cuda_resetPeakMemoryStats _cudart"
-).split()
+DEVICE_CALLS = [
+    "_cuda_init",
+    "_cuda_getDeviceCount",
+    "_cuda_getDevice",
+    "_cuda_setDevice",
+    "_cuda_exchangeDevice",
+    "_cuda_maybeExchangeDevice",
+    "_cuda_synchronize",
+    "_cuda_getCurrentStream",
+    "_cuda_getDefaultStream",
+    "_cuda_setStream",
+    "_cuda_getCurrentRawStream",
+    "_cuda_emptyCache",
+    "_cuda_memoryStats",
+    "_cuda_memorySnapshot",
+    "_cuda_getCurrentBlasHandle",
+    "_cuda_hasPrimaryContext",
+    "_cuda_canDeviceAccessPeer",
+    "_cuda_resetPeakMemoryStats",
+    "_cudart",
+]
 touched: list[str] = []
 
 
