@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         args.parser.error("give the command to run after --, e.g. accel run --simulate cuda --gpus 2 -- pytest")
     try:
-        text = str(spec.parse(spec_text(args)))
+        text = str(spec.parse(spec_text(args), subject=f"a node of {spec_text(args)}"))
     except spec.SimulateSpecError as error:
         args.parser.error(str(error))
     os.environ[spec.ENV] = text

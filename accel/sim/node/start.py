@@ -40,6 +40,8 @@ def start() -> None:
     _spec.append(spec)
     tree.join_or_create()
     _pass_on(spec)
+    if spec.device == "xla":  # the stand-in torch_xla, importable before torch as on a TPU host
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "xla", "stub"))
     if "torch" in sys.modules:
         from accel.sim.node import boot
 

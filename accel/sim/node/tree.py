@@ -5,7 +5,9 @@ creates one: a fresh folder, named in its environment so that every process it s
 the same node (the GPUs, their memory and NCCL groups are the node's). Every process of the
 node writes its pid and start time there. When the creating process ends, it stops the node's
 processes still running (SIGTERM, then SIGKILL after a grace period) and removes the folder:
-a command run under the variable leaves nothing behind.
+a command run under the variable leaves nothing behind. A creator that is killed (SIGTERM,
+SIGKILL, `os._exit`) runs no exit hook: a small keeper process it starts (`keep`, no torch)
+holds a pipe from it and does the same once the pipe closes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -42,6 +46,7 @@ def join_or_create() -> tuple[str, bool]:
         folder = tempfile.mkdtemp(prefix="accel-node-")
         os.environ[NODE_ENV] = folder
         atexit.register(close, folder, os.getpid())
+        _start_keeper(folder)
     assert folder is not None
     register(folder)
     return folder, created
@@ -75,6 +80,37 @@ def close(folder: str, owner: int) -> None:
         return
     stop(running(folder))
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def _start_keeper(folder: str) -> None:
+    """A process that closes the node once this one is gone, however it ends (module docstring)."""
+    read_end, write_end = os.pipe()
+    env = {name: value for name, value in os.environ.items() if name not in ("ACCEL_SIMULATE", NODE_ENV)}
+    code = "import sys; from accel.sim.node.tree import keep; keep(int(sys.argv[1]), sys.argv[2])"
+    subprocess.Popen(
+        [sys.executable, "-c", code, str(read_end), folder],
+        pass_fds=(read_end,),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # out of the command's process group, which may be killed first
+    )
+    os.close(read_end)
+    os.set_inheritable(write_end, False)  # held by this process only: its end closes the pipe
+    _keeper_pipe.append(write_end)
+
+
+#: the write end of the keeper's pipe (kept open for the life of the node's creator)
+_keeper_pipe: list[int] = []
+
+
+def keep(read_end: int, folder: str) -> None:
+    """The keeper: wait until the creator's end of the pipe closes, then close the node."""
+    with contextlib.suppress(OSError):
+        while os.read(read_end, 1):
+            pass
+    if os.path.isdir(folder):
+        stop(running(folder))
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def stop(pids: list[int]) -> None:
