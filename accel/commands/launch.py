@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from accel.commands import launch_args
-from accel.sim.cuda import gpu_models
+from accel.sim.cuda import gpu_models, memory_picture
 from accel.sim.device_names import DEVICES
 
 #: simulated devices (their one definition is torch-free, so `--help` stays fast)
@@ -87,11 +87,17 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--tpu with --simulate {args.simulate}: simulate TPUs with --simulate xla")
         if args.log_dir or args.tee != "0":
             raise ValueError("--log_dir/--tee are torchrun's; under --simulate, use --local_ranks_filter")
-        for flag, given in (("--gpu", args.gpu is not None), ("--shapes_only", args.shapes_only)):
+        for flag, given in (
+            ("--gpu", args.gpu is not None),
+            ("--shapes_only", args.shapes_only),
+            ("--memory_report", args.memory_report is not None),
+        ):
             if given and args.simulate != "cuda":
                 raise ValueError(f"{flag} is about simulated GPUs: use it with --simulate cuda, not {args.simulate}")
         if args.gpu is not None:
             gpu_models.check(args.gpu)
+        if args.memory_report is not None:
+            memory_picture.check_path(args.memory_report)
     else:
         if args.tpu:
             raise ValueError("--tpu: accel launches TPUs only simulated (--simulate xla)")
@@ -100,6 +106,8 @@ def check_args(args: argparse.Namespace) -> None:
             ("--timeout", args.timeout),
             ("--gpu", args.gpu),
             ("--shapes_only", args.shapes_only),
+            ("--memory_report", args.memory_report),
+            ("--only_ranks", getattr(args, "only_ranks", None)),
         ):
             if value:
                 raise ValueError(f"{flag} applies to simulated runs only; add --simulate cpu|cuda|xla")

@@ -209,6 +209,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "memory, without computing it (values read back are zeros)",
     )
     sim.add_argument(
+        "--only_ranks",
+        metavar="RANKS",
+        help="with --shapes_only: run only these ranks of the --num_processes world (e.g. 0,63 or 0-3), each as that "
+        "rank of the full world, standing in for the ranks after it up to the next one run (a symmetric layout's "
+        "ranks do the same: one process instead of many)",
+    )
+    sim.add_argument(
+        "--memory_report",
+        metavar="PATH",
+        help="with --simulate cuda: each rank prints what made up its peak memory (by category, top modules) "
+        "and draws its memory over the step of the peak to PATH (.html or .svg; PATH.rankN.html per rank, or "
+        "{rank} in PATH)",
+    )
+    sim.add_argument(
         "--local_ranks_filter",
         "--local-ranks-filter",
         dest="local_ranks_filter",

@@ -67,6 +67,7 @@ def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
     try:
         shown = output.parse_ranks(args.local_ranks_filter) if args.local_ranks_filter else None
         faults = _faults(args.fault, world_size)
+        _check_only_ranks(args, world_size, faults)
     except ValueError as error:
         print(f"accel launch: {error}", file=sys.stderr)
         return 2
@@ -84,6 +85,10 @@ def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
         env[GPU_ENV] = args.gpu
     if getattr(args, "shapes_only", False):
         env["ACCEL_SIM_SHAPES_ONLY"] = "1"
+    if getattr(args, "memory_report", None):
+        from accel.sim.cuda.memory_picture import REPORT_ENV
+
+        env[REPORT_ENV] = os.path.abspath(args.memory_report)  # the ranks write it, from their own directory
     script = args.script if args.module else os.path.abspath(args.script)
     # Process-wide output settings: put back afterwards, for callers of cli.main in a process that goes on.
     previous = output.settings()
@@ -137,15 +142,37 @@ def _launch(
     options: dict[str, Any] = {}
     if faults:
         options["faults"] = list(faults)
-    launch(
-        run_script,
-        args=(script, list(args.script_args), env, bool(args.module)),
-        world_size=world_size,
-        device=args.simulate,
-        timeout=timeout,
-        isolated=True,
-        **options,
-    )
+    only_ranks = getattr(args, "only_ranks", None)
+    if only_ranks:
+        options.update(only_ranks=only_ranks, shapes_only=True)
+    try:
+        launch(
+            run_script,
+            args=(script, list(args.script_args), env, bool(args.module)),
+            world_size=world_size,
+            device=args.simulate,
+            timeout=timeout,
+            isolated=True,
+            **options,
+        )
+    finally:
+        if only_ranks:  # which ranks stood for which, and what that assumes: also after a failure
+            from accel.sim.runtime import stand_in
+
+            sys.stdout.flush()
+            print(stand_in.plan(world_size, only_ranks, True).summary(), file=sys.stderr, flush=True)
+
+
+def _check_only_ranks(args: argparse.Namespace, world_size: int, faults: tuple) -> None:
+    """`--only_ranks` needs `--shapes_only` and ranks of the world (ValueError saying what to change)."""
+    only_ranks = getattr(args, "only_ranks", None)
+    if only_ranks:
+        from accel.sim.runtime import stand_in
+
+        try:
+            stand_in.plan(world_size, only_ranks, bool(getattr(args, "shapes_only", False)), faults)
+        except ValueError as error:
+            raise ValueError(f"--only_ranks {only_ranks}: {error}") from None
 
 
 def _faults(specs: list[str], world_size: int) -> tuple:

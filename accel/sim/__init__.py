@@ -54,6 +54,7 @@ __getattr__, __dir__ = lazy_exports(
 )
 
 if TYPE_CHECKING:
+    from accel.sim.cuda.memory_report import MemoryReport
     from accel.sim.cuda.properties import PeakMemory
     from accel.sim.diagnoses.failures import (
         CollectiveMismatch,
@@ -78,6 +79,21 @@ def peak_memory(device: object = None) -> "PeakMemory":
     return cuda_properties.peak_memory(device)
 
 
+def memory_report(device: object = None) -> "MemoryReport":
+    """In a simulated GPU rank: what used GPU `device`'s memory (default: current), a `MemoryReport`.
+
+    `.peak_allocated` / `.peak_reserved` are the whole run's peaks (since CUDA started in the rank,
+    whatever `reset_peak_memory_stats()` came between). With ``ACCEL_SIM_MEMORY_REPORT`` set (or
+    `report_memory=` given to `launch` / `distributed_test`), `.at_peak` and `.now` give the bytes
+    by category (parameters, buffers, gradients, optimizer state, activations, temporaries,
+    collective buffers, other), `.top_modules` the modules holding the most at the peak, and
+    `.at_out_of_memory` the breakdown at the last out-of-memory: ``accel.sim.memory_report().at_peak["activations"]``.
+    """
+    from accel.sim.cuda import properties as cuda_properties
+
+    return cuda_properties.memory_report(device)
+
+
 __all__ = [
     "launch",
     "DistributedFailure",
@@ -90,4 +106,5 @@ __all__ = [
     "fault_point",
     "parse_fault",
     "peak_memory",
+    "memory_report",
 ]

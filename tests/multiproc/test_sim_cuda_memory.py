@@ -412,7 +412,7 @@ def test_shapes_only_runs_a_ddp_step_and_counts_its_peak(local_rank):
 @pytest.mark.parametrize(("card", "flash"), [("A100-40GB", True), ("T4", False)])
 def test_attention_takes_the_flash_path_only_on_cards_that_have_it(card, flash):
     def attend():
-        q = torch.randn(2, 4, 64, 32, device="cuda", requires_grad=True)
+        q = torch.randn(2, 4, 64, 32, device="cuda", dtype=torch.float16, requires_grad=True)
         out = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
         return type(out.grad_fn).__name__
 

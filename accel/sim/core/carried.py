@@ -22,7 +22,24 @@ import torch.distributed as dist
 
 from accel.sim.core.torch_internals import completed_work
 
-__all__ = ["CarriedGroup", "PythonGroup", "completed_work", "contiguous", "given"]
+__all__ = ["CarriedGroup", "PythonGroup", "carrier", "carry_with", "completed_work", "contiguous", "given"]
+
+#: what carries the groups made from now on (empty: Gloo); a rank that stands in for absent
+#: ranks (`accel.sim.cuda.stand_in`) carries them without peers
+_carriers: list[Callable[..., Any]] = []
+
+
+def carrier(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Any:
+    """What carries a group's collectives on the host tensors: a Gloo group of `size`, unless `carry_with` said."""
+    if _carriers:
+        return _carriers[0](store, rank, size, timeout)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def carry_with(make: Callable[..., Any] | None) -> None:
+    """Carry the groups made from now on with `make(store, rank, size, timeout)` (None: with Gloo again)."""
+    _carriers[:] = [make] if make is not None else []
+
 
 #: the base class, typed loosely: torch's stubs declare its methods with overloads a
 #: Python process group does not need to repeat
@@ -61,7 +78,7 @@ class CarriedGroup(PythonGroup):
 
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
-        self._gloo: Any = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._gloo: Any = carrier(store, rank, size, timeout)
 
     # -- carrying, on host tensors (whatever their device's rules and layouts) ----------------
 

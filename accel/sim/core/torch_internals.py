@@ -222,6 +222,10 @@ INTERNALS: dict[str, str] = {
     "torch._C._current_autograd_node": (
         "out-of-memory in backward waits until backward returns: C++ would abort unwinding it through the guard"
     ),
+    "torch._C._accelerator_setAllocatorSettings": (
+        "torch.cuda.memory._set_allocator_settings(...) reaches the simulated caching allocator"
+    ),
+    "torch._C._accelerator_getAllocatorSettings": "and the settings it took are read back",
 }
 
 
@@ -641,6 +645,26 @@ def patch_accelerator(answers: dict[str, Callable[..., Any]]) -> None:
         )
     for name, answer in answers.items():
         setattr(torch._C, name, answer)
+
+
+#: torch's own `_accelerator_setAllocatorSettings`, kept before `serve_allocator_settings` replaces it
+_torch_set_allocator_settings = torch._C._accelerator_setAllocatorSettings
+
+
+def serve_allocator_settings(set_settings: Callable[[str], None], get_settings: Callable[[], str]) -> None:
+    """Route the caching allocator's run-time settings to the simulated allocator.
+
+    `torch.cuda.memory._set_allocator_settings(text)` calls `torch._C._accelerator_setAllocatorSettings`,
+    looked up at call time; C++ would parse the text into settings no simulated GPU reads
+    (and a CPU build checks only the keys every accelerator shares).
+    """
+    torch._C._accelerator_setAllocatorSettings = set_settings  # type: ignore[assignment]  # simulated ranks only
+    torch._C._accelerator_getAllocatorSettings = get_settings
+
+
+def torch_parses_allocator_settings(text: str) -> None:
+    """torch's own parse of allocator settings `text` in this process, raising its errors (the tests compare)."""
+    _torch_set_allocator_settings(text)
 
 
 def silence_ddp_time_stats() -> None:
@@ -1423,3 +1447,50 @@ def profile_legacy_cuda_through_kineto() -> None:
 
     __init__._accel_sim = True  # type: ignore[attr-defined]
     profile.__init__ = __init__  # type: ignore[method-assign]  # simulated ranks only
+
+
+# -- scaled_dot_product_attention's backend switches (accel.sim.cuda.attention_backends) ----------------
+
+INTERNALS.update(
+    {
+        "torch._C._get_overrideable_sdp_enabled": "the fifth SDPA switch, which sdpa_kernel turns off with the others",
+        "torch._C._get_sdp_priority_order": "the backend priority sdpa_kernel(set_priority=True) sets",
+        "torch._C._set_sdp_priority_order": "cuDNN attention first on the cards where torch puts it first",
+    }
+)
+
+
+def overrideable_sdp_enabled() -> bool:
+    """The fifth SDPA switch (no public getter; `sdpa_kernel` turns it off with the other four)."""
+    return bool(torch._C._get_overrideable_sdp_enabled())
+
+
+def sdp_priority_order() -> list[int]:
+    """The SDPA backends' priority order torch's C++ holds (what `sdpa_kernel(set_priority=True)` sets)."""
+    return list(torch._C._get_sdp_priority_order())
+
+
+def set_sdp_priority_order(order: list[int]) -> None:
+    """Set the SDPA backends' priority order (no public setter outside `sdpa_kernel`'s context)."""
+    torch._C._set_sdp_priority_order(list(order))
+
+
+INTERNALS["torch._C._set_sdp_use_overrideable"] = "a test in a warm rank starts with the fifth SDPA switch on"
+
+
+def restore_sdp_switches(order: list[int]) -> None:
+    """Every SDPA backend switch on, as a fresh process has them, and the priority `order`.
+
+    A warm simulated rank runs one test after another: what `sdpa_kernel` or
+    `enable_*_sdp(False)` left behind must not reach the next test.
+    """
+    for enable in (
+        torch.backends.cuda.enable_flash_sdp,
+        torch.backends.cuda.enable_mem_efficient_sdp,
+        torch.backends.cuda.enable_math_sdp,
+        torch.backends.cuda.enable_cudnn_sdp,
+    ):
+        enable(True)
+    torch._C._set_sdp_use_overrideable(True)
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(False)
+    set_sdp_priority_order(order)

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from accel.sim.core import torch_internals
-from accel.sim.core.carried import PythonGroup, given
+from accel.sim.core.carried import PythonGroup, carrier, given
 from accel.sim.core.torch_internals import gloo_all_gather_single, gloo_reduce_scatter_single
 from accel.sim.cuda.nccl_group import SimNcclGroup
 from accel.sim.cuda.tensor import is_simulated_cuda
@@ -110,7 +110,7 @@ class SimCudaGroup(SimNcclGroup):
         super().__init__(store, rank, size, timeout)
         # The CPU backend's own communicator, as on a GPU node (Gloo beside NCCL): collectives on
         # CPU tensors (async_save's, from its thread) may run while the GPUs' run (training).
-        self._cpu_gloo: Any = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, size, timeout)
+        self._cpu_gloo: Any = carrier(dist.PrefixStore("cpu/", store), rank, size, timeout)
 
     def getBackendName(self) -> str:  # torch's name
         return BACKEND_NAME

@@ -1,8 +1,9 @@
 """GPU memory of a simulated GPU, counted as PyTorch's CUDA caching allocator counts it.
 
 Every storage a simulated CUDA tensor holds is a block of this model, which follows the
-rules of c10/cuda/CUDACachingAllocator.cpp (without expandable segments or
-`max_split_size`): a request is rounded up to 512 bytes; requests up to 1 MiB come from
+rules of c10/cuda/CUDACachingAllocator.cpp. By default (the rules the allocator's settings,
+``PYTORCH_CUDA_ALLOC_CONF``, change are in `accel.sim.cuda.configured`, the settings in
+`accel.sim.cuda.alloc_config`): a request is rounded up to 512 bytes; requests up to 1 MiB come from
 2 MiB segments (the small pool), larger ones from 20 MiB segments below 10 MiB, and
 from segments of their own size rounded up to 2 MiB above; the smallest free block that
 fits is taken (lowest address first) and split when what is left is worth keeping (at
@@ -17,6 +18,13 @@ What a GPU spends outside these counters is outside them here too, and taken off
 free memory (`mem_get_info`, out-of-memory): the CUDA context, the kernels loaded at the first
 launch, cuBLAS's own memory and each NCCL communicator's, in the amounts a real H200 showed. cuBLAS workspaces come
 from the allocator on a GPU, and here (`accel.sim.cuda.blas`).
+
+The processes of a simulated node share its GPUs (`accel.sim.cuda.node_memory`): what the others use on
+a GPU is taken off its free memory too, and out-of-memory names them as CUDA does.
+
+Each allocator keeps its peaks from before the script's `reset_peak_memory_stats()` calls (the
+end of a run reports the whole run's, `run_peak`), and, when the memory report is asked, tells
+its `tracking` (`accel.sim.cuda.memory_report`) of every storage made, resized and freed.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from typing import Any
 import torch
 
 from accel.sim.core import torch_internals
+from accel.sim.cuda import alloc_config, configured, memory_report, node_memory
+from accel.sim.cuda import state as cuda_state
 from accel.sim.cuda.gpu_models import GpuModel
 
 K_MIN_BLOCK = 512
@@ -107,7 +117,10 @@ class _Stat:
 class Block:
     """A run of a segment: allocated to one storage, or free."""
 
-    __slots__ = ("size", "addr", "small", "prev", "next", "allocated", "requested", "segment_size")
+    __slots__ = (
+        "size", "addr", "small", "prev", "next", "allocated", "requested", "segment_size", "segment", "mapped",
+        "gc_base",
+    )  # fmt: skip
 
     def __init__(self, size: int, addr: int, small: bool) -> None:
         self.size = size
@@ -118,11 +131,20 @@ class Block:
         self.allocated = False
         self.requested = 0
         self.segment_size = 0  # on a segment's first block: the segment's size
+        #: the expandable segment the block is part of (None: a segment of its own, `configured`)
+        self.segment: configured.Expandable | None = None
+        #: whether pages back it (only a block of an expandable segment may have none)
+        self.mapped = True
+        self.gc_base = 0  # the pool's request count when the block was cached (its age, `configured`)
 
 
 @dataclasses.dataclass
 class _Pool:
     free: list[tuple[int, int, Block]] = dataclasses.field(default_factory=list)  # (size, addr, block), sorted
+    #: blocks of expandable segments without pages, (addr, block), sorted
+    unmapped: list[tuple[int, Block]] = dataclasses.field(default_factory=list)
+    #: requests served from the pool while garbage collection is on (the age of its blocks)
+    calls: int = 0
 
     def take(self, size: int) -> Block | None:
         i = bisect.bisect_left(self.free, (size, -1))
@@ -131,6 +153,7 @@ class _Pool:
         return self.free.pop(i)[2]
 
     def put(self, block: Block) -> None:
+        block.gc_base = self.calls
         bisect.insort(self.free, (block.size, block.addr, block))
 
     def remove(self, block: Block) -> None:
@@ -141,10 +164,13 @@ class _Pool:
 class DeviceMemory:
     """The caching allocator of one simulated GPU."""
 
-    def __init__(self, index: int, model: GpuModel) -> None:
+    #: this GPU in the ledger of the node's processes (`accel.sim.cuda.node_memory`); None: counted alone
+    node: node_memory.Seat | None = None
+
+    def __init__(self, index: int, model: GpuModel, settings: alloc_config.AllocatorSettings | None = None) -> None:
         self.index = index
         self.model = model
-        self.fraction = 1.0
+        self._settle(settings or alloc_config.current())
         self.pools = {True: _Pool(), False: _Pool()}
         self.segments: list[Block] = []  # first block of each segment
         self._addresses = itertools.count(1 << 40, 1 << 40)  # one address range per segment
@@ -165,11 +191,33 @@ class DeviceMemory:
         self.outside: dict[object, int] = {"context": model.context_memory}
         self.outside_bytes = model.context_memory
 
+    def _settle(self, settings: alloc_config.AllocatorSettings) -> None:
+        """What a new allocator takes from the settings, and what it counts beyond the default rules."""
+        self.expandables: list[configured.Expandable] = []
+        self.configure(settings)
+        self.fraction = settings.per_process_memory_fraction
+        #: `memory_stats()["max_split_size"]`, fixed when the allocator is made (as torch's)
+        self.max_split_stat = settings.max_split_stat
+        self.oversize = {"oversize_allocations": _Stat(), "oversize_segments": _Stat()}
+        #: the peaks before the last `reset_peak_memory_stats` (the whole run's peak is the larger)
+        self.earlier_peaks = {"allocated": 0, "reserved": 0}
+        #: the memory report's bookkeeping of this GPU (`accel.sim.cuda.memory_report`); None: not asked
+        self.tracking: Any = None
+
+    def configure(self, settings: alloc_config.AllocatorSettings) -> None:
+        """Follow `settings` from now on (also those changed at run time: torch reads them at each request)."""
+        self.conf = settings
+        #: whether requests follow the default rules (`malloc`'s fast path), else `configured`'s (which
+        #: also passes over the blocks of expandable segments made before they were turned off)
+        self.plain = settings.plain and not self.expandables
+        self.mss = settings.max_split_size
+
     def note_outside(self, key: object, nbytes: int) -> None:
         """Memory outside PyTorch's counters taken (once per `key`): kernels loaded, a library's, NCCL's."""
         if key not in self.outside:
             self.outside[key] = nbytes
             self.outside_bytes += nbytes
+            node_memory.publish(self.node, self.reserved + self.outside_bytes)
 
     # -- counters --------------------------------------------------------------------------------
 
@@ -186,8 +234,10 @@ class DeviceMemory:
         return self.stats[("reserved_bytes", "all")].current
 
     def free_memory(self) -> int:
-        """What `cudaMemGetInfo` says is free: the card less what is outside PyTorch and the reserved segments."""
-        return max(self.model.total_memory - self.outside_bytes - self.reserved, 0)
+        """What `cudaMemGetInfo` says is free: the card less what is outside PyTorch, the reserved segments
+        and what the node's other processes use on it."""
+        used = self.outside_bytes + self.reserved + node_memory.others(self.node)
+        return max(self.model.total_memory - used, 0)
 
     # -- allocation -------------------------------------------------------------------------------
 
@@ -196,6 +246,8 @@ class DeviceMemory:
         if nbytes == 0:
             return None
         with self.lock:
+            if not self.plain:
+                return configured.malloc(self, nbytes)
             size = round_size(nbytes)
             small = size <= K_SMALL_SIZE
             pool = self.pools[small]
@@ -204,17 +256,23 @@ class DeviceMemory:
                 block = self._new_segment(size, small)
             remaining = block.size - size
             if remaining >= K_MIN_BLOCK if small else remaining > K_SMALL_SIZE:
-                rest = Block(remaining, block.addr + size, small)
-                rest.prev, rest.next = block, block.next
-                if block.next is not None:
-                    block.next.prev = rest
-                block.next = rest
-                block.size = size
-                pool.put(rest)
+                pool.put(self.split(block, size))
             block.allocated = True
             block.requested = nbytes
             self._book(small, block.size, nbytes, 1)
             return block
+
+    @staticmethod
+    def split(block: Block, size: int) -> Block:
+        """Cut `block` after its first `size` bytes; the rest, a block of the same segment that follows it."""
+        rest = Block(block.size - size, block.addr + size, block.small)
+        rest.segment, rest.mapped = block.segment, block.mapped
+        rest.prev, rest.next = block, block.next
+        if block.next is not None:
+            block.next.prev = rest
+        block.next = rest
+        block.size = size
+        return rest
 
     def _book(self, small: bool, size: int, nbytes: int, count: int) -> None:
         # The counters every allocation and free changes (this runs for every new storage of
@@ -274,18 +332,41 @@ class DeviceMemory:
             if not self._fits(alloc):
                 self.counters["num_ooms"] += 1
                 raise torch.OutOfMemoryError(self.oom_message(alloc))
+        return self.new_segment_block(alloc, small)
+
+    def new_segment_block(self, alloc: int, small: bool) -> Block:
+        """A segment of `alloc` bytes the driver gave (`cudaMalloc`), as one free block, counted."""
         block = Block(alloc, next(self._addresses), small)
         block.segment_size = alloc
         self.segments.append(block)
         self.counters["num_device_alloc"] += 1
         self._count("reserved_bytes", small, alloc)
         self._count("segment", small, 1)
+        if alloc >= self.mss:
+            self.oversize["oversize_segments"].add(1)
         if "kernels" not in self.outside:  # the first allocation: its kernels are the first launched
             self.note_outside("kernels", self.model.kernels_memory)
         return block
 
+    def unreserve_segment(self, head: Block) -> None:
+        """Count segment `head` (out of its pool) as given back to the driver (`cudaFree`)."""
+        self._count("reserved_bytes", head.small, -head.segment_size)
+        self._count("segment", head.small, -1)
+        self.counters["num_device_free"] += 1
+        if head.segment_size >= self.mss:
+            self.oversize["oversize_segments"].add(-1)
+
     def _fits(self, alloc: int) -> bool:
-        return self.reserved + alloc <= self.limit()
+        """Whether `alloc` more bytes fit on the card; if so they are this process's on the node at once.
+
+        Checked and taken in one step, as the driver allocates: two processes of a node cannot
+        both take the last free memory of a GPU.
+        """
+        with node_memory.deciding(self.node):
+            if self.reserved + alloc > self.limit():
+                return False
+            node_memory.publish(self.node, self.reserved + self.outside_bytes + alloc)
+            return True
 
     def free(self, block: Block) -> None:
         """Give `block` back: it merges with free neighbours and stays cached in its pool."""
@@ -293,9 +374,11 @@ class DeviceMemory:
             small = block.small
             block.allocated = False
             self._book(small, block.size, block.requested, -1)
+            if block.size >= self.mss:
+                self.oversize["oversize_allocations"].add(-1)
             pool = self.pools[small]
             before = block.prev
-            if before is not None and not before.allocated:
+            if before is not None and not before.allocated and before.mapped:
                 # the free block before takes this one in (a segment's first block stays its first)
                 pool.remove(before)
                 before.size += block.size
@@ -304,7 +387,7 @@ class DeviceMemory:
                     block.next.prev = before
                 block = before
             after = block.next
-            if after is not None and not after.allocated:
+            if after is not None and not after.allocated and after.mapped:
                 pool.remove(after)
                 block.size += after.size
                 block.next = after.next
@@ -319,18 +402,21 @@ class DeviceMemory:
             for head in self.segments:
                 if head.prev is None and head.next is None and not head.allocated:
                     self.pools[head.small].remove(head)
-                    self._count("reserved_bytes", head.small, -head.segment_size)
-                    self._count("segment", head.small, -1)
-                    self.counters["num_device_free"] += 1
+                    self.unreserve_segment(head)
                 else:
                     kept.append(head)
+            if len(kept) < len(self.segments):  # the card has them back, for every process of the node
+                node_memory.publish(self.node, self.reserved + self.outside_bytes)
             self.segments = kept
+            if self.expandables:
+                configured.release_expandable(self)
 
     # -- the storages (see "the storages of simulated CUDA tensors" below) --------------------------
 
     def limit(self) -> int:
-        """The most this process may reserve on the card: what the context leaves, or its allowed fraction."""
-        limit = self.model.total_memory - self.outside_bytes
+        """The most this process may reserve on the card: what its context and the node's other processes
+        leave, or its allowed fraction."""
+        limit = self.model.total_memory - self.outside_bytes - node_memory.others(self.node)
         if self.fraction < 1.0:
             limit = min(limit, int(self.model.total_memory * self.fraction))
         return limit
@@ -368,9 +454,10 @@ class DeviceMemory:
             allowed = f"{format_size(int(total * self.fraction))} allowed; "
         return (
             f"CUDA out of memory. Tried to allocate {format_size(alloc)}. GPU {self.index} has a total capacity of "
-            f"{format_size(total)} of which {format_size(self.free_memory())} is free. {allowed}Including "
+            f"{format_size(total)} of which {format_size(self.free_memory())} is free. "
+            f"{node_memory.report(self.node, format_size)}Including "  # the node's other processes on it first
             f"non-PyTorch memory, this process has {format_size(self.reserved + self.outside_bytes)} memory "
-            f"in use. Of the allocated memory {format_size(self.allocated)} is allocated by PyTorch, and "
+            f"in use. {allowed}Of the allocated memory {format_size(self.allocated)} is allocated by PyTorch, and "
             f"{format_size(self.reserved - self.allocated)} is reserved by PyTorch but unallocated. If reserved but "
             "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
             "fragmentation.  See documentation for Memory Management  "
@@ -399,9 +486,9 @@ class DeviceMemory:
                     out[name] = {pool: self.stats[(source, pool)].as_dict() for pool in ("all", *_POOLS)}
             out.update(self.counters)
             out["num_sync_all_streams"] = 0
-            out["oversize_allocations"] = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
-            out["oversize_segments"] = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
-            out["max_split_size"] = -1
+            out["num_oom_rejections"] = 0
+            out.update({name: stat.as_dict() for name, stat in self.oversize.items()})
+            out["max_split_size"] = self.max_split_stat
             return out
 
     def _inactive_splits(self) -> dict[tuple[str, str], int]:
@@ -409,53 +496,66 @@ class DeviceMemory:
         found = {(name, pool): 0 for name in ("inactive_split", "inactive_split_bytes") for pool in splits_pools}
         for small, pool in self.pools.items():
             for size, _, block in pool.free:
-                if block.prev is not None or block.next is not None:
+                # (torch leaves blocks of expandable segments out: their free pages can always be given back)
+                if (block.prev is not None or block.next is not None) and block.segment is None:
                     for where in ("all", _POOLS[0] if small else _POOLS[1]):
                         found[("inactive_split", where)] += 1
                         found[("inactive_split_bytes", where)] += size
         return found
 
     def reset_peaks(self) -> None:
+        """`reset_peak_memory_stats`: peaks back to the current values (the whole run's kept aside)."""
         with self.lock:
-            for stat in self.stats.values():
+            for name, earlier in self.earlier_peaks.items():
+                self.earlier_peaks[name] = max(earlier, self.stats[(f"{name}_bytes", "all")].peak)
+            for stat in (*self.stats.values(), *self.oversize.values()):
                 stat.peak = stat.current
+
+    def run_peak(self, name: str) -> int:
+        """The whole run's peak of "allocated" or "reserved" bytes, whatever peak resets came between."""
+        return max(self.earlier_peaks[name], self.stats[(f"{name}_bytes", "all")].peak)
 
     def reset_accumulated(self) -> None:
         with self.lock:
-            for stat in self.stats.values():
+            for stat in (*self.stats.values(), *self.oversize.values()):
                 stat.allocated = stat.freed = 0
             for key in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free"):
                 self.counters[key] = 0
 
     def segment_snapshot(self) -> list[dict[str, Any]]:
-        """`torch.cuda.memory_snapshot()`'s segments: address, sizes and blocks of each."""
+        """`torch.cuda.memory_snapshot()`'s segments, by address: sizes and blocks of each (of an expandable
+        segment, each run of mapped pages)."""
         with self.lock:
-            return [
+            found = [self.segment_entry(list(_chain(head)), head.small) for head in self.segments]
+            if self.expandables:
+                found = sorted(found + configured.expandable_snapshot(self), key=lambda entry: entry["address"])
+            return found
+
+    def segment_entry(self, blocks: list[Block], small: bool, expandable: bool = False) -> dict[str, Any]:
+        """One segment of `memory_snapshot()`: its `blocks`, in address order."""
+        return {
+            "device": self.index,
+            "address": blocks[0].addr,
+            "total_size": sum(b.size for b in blocks),
+            "allocated_size": sum(b.size for b in blocks if b.allocated),
+            "active_size": sum(b.size for b in blocks if b.allocated),
+            "requested_size": sum(b.requested for b in blocks if b.allocated),
+            "stream": 0,
+            "segment_type": "small" if small else "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": expandable,
+            "frames": [],
+            "blocks": [
                 {
-                    "device": self.index,
-                    "address": head.addr,
-                    "total_size": head.segment_size,
-                    "allocated_size": sum(b.size for b in _chain(head) if b.allocated),
-                    "active_size": sum(b.size for b in _chain(head) if b.allocated),
-                    "requested_size": sum(b.requested for b in _chain(head) if b.allocated),
-                    "stream": 0,
-                    "segment_type": "small" if head.small else "large",
-                    "segment_pool_id": (0, 0),
-                    "is_expandable": False,
+                    "address": b.addr,
+                    "size": b.size,
+                    "requested_size": b.requested,
+                    "state": "active_allocated" if b.allocated else "inactive",
                     "frames": [],
-                    "blocks": [
-                        {
-                            "address": b.addr,
-                            "size": b.size,
-                            "requested_size": b.requested,
-                            "state": "active_allocated" if b.allocated else "inactive",
-                            "frames": [],
-                        }
-                        for b in _chain(head)
-                    ],
                 }
-                for head in self.segments
-            ]
+                for b in blocks
+            ],
+        }
 
 
 def _chain(head: Block) -> Iterator[Block]:
@@ -475,17 +575,43 @@ _live: dict[int, list[Any]] = {}
 
 
 def install(model: GpuModel, count: int) -> None:
-    """Give this rank `count` simulated GPUs of `model`, their memory empty."""
-    _devices[:] = [DeviceMemory(index, model) for index in range(count)]
+    """Give this rank `count` simulated GPUs of `model`, their memory empty, under the allocator settings
+    of the environment (invalid ones raise torch's error, and memory is not counted)."""
+    try:
+        settings = alloc_config.start()
+    except Exception:
+        uninstall()
+        raise
+    _devices[:] = [DeviceMemory(index, model, settings) for index in range(count)]
+    memory_report.configure(_devices)
+    if not _serving:
+        torch_internals.serve_allocator_settings(_set_allocator_settings, lambda: alloc_config.current().text)
+        _serving.append(True)
+    gpus = cuda_state.current()
+    for memory, seat in zip(_devices, node_memory.seats(gpus.visible if gpus else range(count)), strict=True):
+        memory.node = seat  # the host GPU behind it, which the node's processes share
     _paused.clear()
     _live.clear()
 
 
 def uninstall() -> None:
     """Stop counting (simulated GPUs keep working, their memory is not counted)."""
+    node_memory.start_afresh()
+    memory_report.stop()
     _devices.clear()
     _paused.clear()
     _live.clear()
+
+
+#: whether torch's run-time allocator settings come here (`install`)
+_serving: list[bool] = []
+
+
+def _set_allocator_settings(text: str) -> None:
+    """`torch.cuda.memory._set_allocator_settings(text)`: the allocators follow the new settings at once."""
+    settings = alloc_config.set_at_run_time(text, started=bool(_devices or _paused))
+    for memory in (*_devices, *_paused):
+        memory.configure(settings)
 
 
 #: the allocators set aside while Dynamo compiles (`pause`)
@@ -530,6 +656,8 @@ def _allocate(memory: DeviceMemory, nbytes: int) -> Block | None:
     try:
         return memory.malloc(nbytes)
     except torch.OutOfMemoryError as error:
+        if memory.tracking is not None:
+            memory.tracking.out_of_memory(nbytes)
         if not torch_internals.in_backward():
             raise
         # Raised inside the autograd engine, the error would abort the process (see
@@ -577,6 +705,8 @@ def _released(ref: Any) -> None:
         return
     del _live[ref.key]
     entry[0].note_free(ref.key)
+    if entry[0].tracking is not None:
+        entry[0].tracking.removed(ref.key)
 
 
 class _StorageRef(weakref.ref):
@@ -610,6 +740,14 @@ def track(inner: torch.Tensor, index: int, reserved: Block | None = None) -> Non
     ref = _StorageRef(storage, _released)
     ref.key = key
     _live[key] = [memory, nbytes, ref]
+    if memory.tracking is not None:
+        memory.tracking.added(key)
+
+
+def holder(key: int) -> DeviceMemory | None:
+    """The allocator that counts the storage of `key`, if one does."""
+    entry = _live.get(key)
+    return entry[0] if entry is not None else None
 
 
 def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
@@ -619,6 +757,8 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
         return
     entry[0].note_resize(storage._cdata, nbytes)
     entry[1] = nbytes
+    if entry[0].tracking is not None:
+        entry[0].tracking.resized(storage._cdata)
 
 
 def follow(inner: torch.Tensor) -> None:

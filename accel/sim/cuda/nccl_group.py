@@ -499,6 +499,8 @@ class SimNcclGroup(CarriedGroup):
         return self.gpu if self.gpu is not None else torch.cuda.current_device()
 
     def _check_distinct(self, index: int) -> None:
+        if getattr(self._gloo, "alone", False):
+            return  # a rank standing in for absent ones (`accel.sim.cuda.stand_in`): no peer's GPU to compare
         # NCCL tells GPUs apart by their identity on the host, not by the index a process sees
         # (with CUDA_VISIBLE_DEVICES each rank may see only its own GPU, as "cuda:0")
         mine = torch.tensor([cuda_state.gpus().physical_of(index)], dtype=torch.int64)

@@ -16,6 +16,7 @@ from typing import Any
 
 from accel.sim.cuda import gpu_models
 from accel.sim.cuda import memory as cuda_memory
+from accel.sim.cuda import memory_report as memory_report_module
 from accel.sim.cuda import state as cuda_state
 from accel.sim.cuda.gpu_models import MiB
 
@@ -198,7 +199,7 @@ MEMORY_NAMES = frozenset(memory_patches())
 
 @dataclasses.dataclass(frozen=True)
 class PeakMemory:
-    """A simulated GPU's peak memory since CUDA started in the rank (or the last peak reset)."""
+    """A simulated GPU's peak memory since the last peak reset (or, the end-of-run line's, since CUDA started)."""
 
     device: str  # "cuda:0"
     card: str
@@ -214,26 +215,40 @@ class PeakMemory:
         )
 
 
-def peak_memory(device: Any = None) -> PeakMemory:
-    """The peak memory of simulated GPU `device` (default: the current one) in this rank."""
+def _counted(device: Any) -> cuda_memory.DeviceMemory:
     memory = _memory(device)
     if memory is None:
         raise RuntimeError(
             f"simulated GPU memory is not counted in this rank ({MEMORY_ENV}=0); unset it to count memory"
         )
+    return memory
+
+
+def peak_memory(device: Any = None, whole_run: bool = False) -> PeakMemory:
+    """The peak memory of simulated GPU `device` (default: the current one) in this rank: since the last
+    `reset_peak_memory_stats` as torch's `max_memory_allocated`, or (`whole_run`) since CUDA started."""
+    memory = _counted(device)
     return PeakMemory(
         device=f"cuda:{memory.index}",
         card=memory.model.name,
         capacity=memory.model.total_memory,
-        allocated=memory.stats[("allocated_bytes", "all")].peak,
-        reserved=memory.stats[("reserved_bytes", "all")].peak,
+        allocated=memory.run_peak("allocated") if whole_run else memory.stats[("allocated_bytes", "all")].peak,
+        reserved=memory.run_peak("reserved") if whole_run else memory.stats[("reserved_bytes", "all")].peak,
     )
 
 
+def memory_report(device: Any = None) -> memory_report_module.MemoryReport:
+    """What used simulated GPU `device`'s memory in this rank (`accel.sim.memory_report`)."""
+    return memory_report_module.report(_counted(device))
+
+
 def peak_report() -> list[str]:
-    """One line per simulated GPU this rank used: its peak allocated and reserved memory against the card."""
+    """The end of a run: one line per simulated GPU this rank used, its whole run's peak allocated and reserved
+    memory against the card (whatever peak resets the script made); then, with the memory report asked,
+    what made up each peak (`accel.sim.cuda.memory_report`)."""
     gpus = cuda_state.current()
     if gpus is None or not (gpus.initialized and gpus.started and cuda_memory.is_counting()):
         return []
-    peaks = [peak_memory(index) for index in range(gpus.count)]
-    return [str(peak) for peak in peaks if peak.reserved]
+    peaks = [peak_memory(index, whole_run=True) for index in range(gpus.count)]
+    used = [cuda_memory.device(index) for index, peak in enumerate(peaks) if peak.reserved]
+    return [str(peak) for peak in peaks if peak.reserved] + memory_report_module.report_lines(used)

@@ -49,6 +49,9 @@ _labels: dict[Any, str] = {}
 _simulator: dict[str, Any] = {}
 #: groups created in this process: each rendezvouses under its own store prefix
 _generation = [0]
+#: what makes the store of each default group created here (empty: a client of the launcher's
+#: rendezvous store); a rank standing in for absent ones has one of its own (`accel.sim.cuda.stand_in`)
+_store_makers: list[Any] = []
 #: a process on a simulated node (`accel.sim.node`): no launcher, the script's group is its own;
 #: each callable is told when a default group has been created
 _node: list[Any] = []
@@ -211,10 +214,17 @@ def create(label: str, timeout: datetime.timedelta | None = None, pg_options: An
         _simulator.update(group=dist.GroupMember.WORLD, label=label, timeout=timeout)
 
 
+def use_stores(make: Any) -> None:
+    """Default groups created from now on get their store from `make()` (None: the launcher's rendezvous store)."""
+    _store_makers[:] = [make] if make is not None else []
+
+
 def _fresh_store(world_size: int, timeout: datetime.timedelta | None) -> Any:
     # Rank 0 already hosts the rendezvous server on MASTER_PORT (accel.sim.runtime.worker): every
     # rank, rank 0 included, connects to it as a client.
     _generation[0] += 1
+    if _store_makers:
+        return dist.PrefixStore(f"accel-sim-group/{_generation[0]}", _store_makers[0]())
     client = dist.TCPStore(
         os.environ.get("MASTER_ADDR", "127.0.0.1"),
         int(os.environ["MASTER_PORT"]),

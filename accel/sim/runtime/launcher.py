@@ -16,6 +16,8 @@ from typing import Any
 
 from accel.sim import device_names
 from accel.sim.cuda import gpu_models
+from accel.sim.cuda.memory_picture import REPORT_ENV
+from accel.sim.cuda.memory_picture import check_path as check_report_path
 from accel.sim.diagnoses import faults as fault_specs
 from accel.sim.diagnoses.deadlock import ranges
 from accel.sim.diagnoses.failures import DistributedDeadlock, DistributedFailure, DistributedTimeout
@@ -64,10 +66,11 @@ def check_options(world_size: int, device: str, timeout: float | None, real_devi
 
 @dataclasses.dataclass(frozen=True)
 class GpuOptions:
-    """What the simulated GPUs of a call are: the card (None: as configured), a peak report, shapes only."""
+    """What the simulated GPUs of a call are: the card (None: as configured), a memory report (True, or the
+    path of its picture), shapes only."""
 
     gpu: str | None = None
-    report_memory: bool = False
+    report_memory: bool | str = False
     shapes_only: bool = False
 
 
@@ -85,11 +88,13 @@ def on_gpu(options: GpuOptions, fn: Callable[..., Any], *args: Any, **kwargs: An
     """In a rank: `fn(*args, **kwargs)` on simulated GPUs as `options` say.
 
     The card and shapes-only are read when CUDA starts in the rank; the rank's environment
-    is put back after the call. With `report_memory`, each simulated GPU's peak memory is
-    printed once `fn` returned.
+    is put back after the call. With `report_memory`, what uses each simulated GPU's memory is
+    followed (`accel.sim.cuda.memory_report`) and its peak printed once `fn` returned.
     """
     if options.gpu is not None:
         os.environ[gpu_models.GPU_ENV] = options.gpu
+    if options.report_memory:
+        os.environ[REPORT_ENV] = options.report_memory if isinstance(options.report_memory, str) else "1"
     if options.shapes_only:
         os.environ["ACCEL_SIM_SHAPES_ONLY"] = "1"
     fake_cuda = sys.modules.get("accel.sim.cuda.fake")  # loaded in simulated GPU ranks only
@@ -220,8 +225,9 @@ def launch(
     check_collectives: bool | None = None,
     faults: Sequence[fault_specs.Fault | str] | None = None,
     gpu: str | None = None,
-    report_memory: bool = False,
+    report_memory: bool | str = False,
     shapes_only: bool = False,
+    only_ranks: str | Iterable[int] | None = None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on `world_size` simulated ranks; the list of their return values.
 
@@ -255,16 +261,34 @@ def launch(
     `gpu` (with ``device="cuda"``) names the card each simulated GPU is ("H100", "L4",
     "memory=24GiB,capability=8.9", see `accel.sim.cuda.gpu_models`); default: ``ACCEL_SIM_GPU``,
     else an H100. Its memory is what the ranks may allocate before out-of-memory.
-    `report_memory=True` has each rank print its GPUs' peak memory when `fn` returns.
+    `report_memory=True` has each rank print its GPUs' whole-run peak memory when `fn` returns, and
+    what made it up (by category, top modules; `accel.sim.memory_report()` inside `fn`); a path
+    (``.html`` or ``.svg``) also has each rank draw its memory over the step of the peak there.
     `shapes_only=True`: the simulated GPUs hold shapes, not data (`accel.sim.cuda.shapes`):
     whether a step fits on the card, and its peak memory, without computing it.
+    `only_ranks` (with `shapes_only`; "0,63", "0-3" or ints) runs only those ranks of the world, each
+    standing in for the ranks after it (`accel.sim.runtime.stand_in`); the values of those ranks, in order.
     """
     check_options(world_size, device, timeout, real_device)
+    stand_in = None
+    if only_ranks is not None:
+        from accel.sim.runtime import stand_in as stand_ins
+
+        stand_in = stand_ins.plan(world_size, only_ranks, shapes_only, faults)
     if gpu is not None or shapes_only:
         check_gpu(gpu or "", device, real_device)
+    if isinstance(report_memory, str):
+        check_report_path(report_memory)
     if gpu is not None or report_memory or shapes_only:
-        fn, args, kwargs = on_gpu, (GpuOptions(gpu, bool(report_memory), bool(shapes_only)), fn, *args), kwargs
+        options = GpuOptions(
+            gpu, report_memory if isinstance(report_memory, str) else bool(report_memory), bool(shapes_only)
+        )
+        fn, args, kwargs = on_gpu, (options, fn, *args), kwargs
     payload = serialize.dumps_call(fn, args, kwargs or {})
+    if stand_in is not None:
+        outcomes = stand_ins.run(payload, stand_in, device, timeout)
+        raise_for_failures(outcomes, world_size, device, timeout)
+        return [serialize.loads(o.value) if o.value is not None else None for o in outcomes]
     outcomes = run_payload(
         payload,
         world_size,

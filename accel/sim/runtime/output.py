@@ -20,7 +20,7 @@ import codecs
 import dataclasses
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TextIO
 
 #: control sequences a progress bar sends at the start of a line (erase the line, hide or
@@ -98,10 +98,13 @@ class OutputRelay:
         world_size: int,
         streams: tuple[TextIO | None, TextIO | None] | None = None,
         options: OutputSettings | None = None,
+        names: Sequence[int] | None = None,
     ) -> None:
         options = options or _settings
-        self._shown = options.ranks if options.ranks is not None else frozenset(range(world_size))
-        shown_here = [rank for rank in range(world_size) if rank in self._shown]
+        #: the rank each source is shown as (`names[k]` for source k: ranks that stand in for others)
+        self._names = list(names) if names is not None else list(range(world_size))
+        self._shown = options.ranks if options.ranks is not None else frozenset(self._names)
+        shown_here = [rank for rank in self._names if rank in self._shown]
         self._prefixed = options.prefix if options.prefix is not None else len(shown_here) != 1
         self._streams = streams
         self._sources: dict[tuple[int, int], _Source] = {}
@@ -113,7 +116,8 @@ class OutputRelay:
         return rank in self._shown
 
     def feed(self, rank: int, stream: int, data: bytes, final: bool = False) -> None:
-        """Relay what rank `rank` wrote on `stream` (0: stdout, 1: stderr); `final`: nothing more will come."""
+        """Relay what source `rank` wrote on `stream` (0: stdout, 1: stderr); `final`: nothing more will come."""
+        rank = self._names[rank]
         if not self.shows(rank):
             return
         source = self._sources.setdefault((rank, stream), _Source())

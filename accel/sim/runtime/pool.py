@@ -17,6 +17,10 @@ are stopped within about a second (`DEADLOCK_SETTLE`), not at the timeout, and t
 report says which collective each waits in. A rank that dies brings the last lines it
 wrote to stderr into the report.
 
+A pool may run only some ranks of a larger world (`stand_in`, `accel.sim.runtime.stand_in`):
+process k is then rank `stand_in.ranks[k]` of that world, shown as such in the output, and
+never waits for a peer (no deadlock watch).
+
 The messages exchanged with the ranks are the types of `accel.sim.runtime.messages`.
 """
 
@@ -75,11 +79,20 @@ class RankPool:
     """N rank processes of one (world_size, device), ready to run tasks one at a time."""
 
     def __init__(
-        self, world_size: int, device: str, real_device: bool = False, env: dict[str, str] | None = None
+        self,
+        world_size: int,
+        device: str,
+        real_device: bool = False,
+        env: dict[str, str] | None = None,
+        stand_in: Any = None,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
+        #: how many rank processes the pool runs
         self.world_size = world_size
+        #: None, or the `accel.sim.runtime.stand_in.StandIn` whose ranks (of a larger world) these processes are:
+        #: process k is rank `stand_in.ranks[k]`, its collectives complete without the others
+        self.stand_in = stand_in
         self.device = device
         self.real_device = real_device
         #: the environment every task starts from (default: ours when the pool starts)
@@ -91,7 +104,7 @@ class RankPool:
         self._workdir = tempfile.mkdtemp(prefix=f"accel-sim-{device}{world_size}-")
         self._outputs: list[list[Any]] = []
         #: what the ranks print goes live to our stdout/stderr (settings: `accel.sim.runtime.output.configure`)
-        self._relay = output.OutputRelay(world_size)
+        self._relay = output.OutputRelay(world_size, names=stand_in.ranks if stand_in is not None else None)
         self._stack_offsets: list[int] = [0] * world_size
         #: size of each rank's stderr file when the current task began
         self._err_offsets: list[int] = [0] * world_size
@@ -111,7 +124,8 @@ class RankPool:
         }
         try:
             for rank in range(self.world_size):
-                proc, parent_end = forking.start_rank({**config, "rank": rank})
+                identity = self.stand_in.rank_config(rank) if self.stand_in is not None else {}
+                proc, parent_end = forking.start_rank({**config, "rank": rank, **identity})
                 self._procs.append(proc)
                 self._conns.append(parent_end)
             self._outputs = [
@@ -271,7 +285,8 @@ class RankPool:
             ready = multiprocessing.connection.wait(waitables, timeout=min(remaining, RELAY_INTERVAL))
             if not ready:
                 self.relay()
-                stuck = watch.stuck(pending, finished=set(outcomes))
+                # ranks standing in for others never wait for a peer (and the boards name global ranks)
+                stuck = watch.stuck(pending, finished=set(outcomes)) if self.stand_in is None else {}
                 if stuck:
                     break
                 continue

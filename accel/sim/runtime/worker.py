@@ -8,6 +8,10 @@ simulated device and let `PartialState()` create the Gloo process group exactly 
 that hardware. Rank 0 hosts the rendezvous store on a port the kernel picks, so that
 launches running side by side never collide.
 
+A process of a pool of stand-ins (`accel.sim.runtime.stand_in`) is rank R of a larger world
+instead of its place in the pool: its environment and default group are that rank's, and its
+groups complete their collectives alone (`accel.sim.cuda.stand_in`).
+
 With one rank, a process group of size 1 is created too, as the distributed test
 bases of torch and DeepSpeed do: code under test may call `dist.get_world_size()`.
 Collectives are watched (`accel.sim.diagnoses.collectives`): checked across ranks, counted for
@@ -76,7 +80,7 @@ def serve(config: dict[str, Any], conn: Any, coverage: Any = None) -> None:
     multiprocessing.set_start_method(None, force=True)
     try:
         slate = _set_up(config, conn)
-        _one_rank_group(config["world_size"])
+        _one_rank_group(_identity(config)[1])
         collectives.install(config["workdir"], config["rank"])
     except BaseException as error:  # whatever failed, the parent must hear why
         conn.send(StartError(describe_exception(error)))
@@ -175,8 +179,17 @@ def _redirect_output(workdir: str, rank: int) -> None:
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
 
 
+def _identity(config: dict[str, Any]) -> tuple[int, int]:
+    """(rank, world size) this process is: its place in the pool, or the rank of a larger world it stands in as."""
+    stand_in = config.get("stand_in")
+    if stand_in is not None:
+        return stand_in["rank"], stand_in["world_size"]
+    return config["rank"], config["world_size"]
+
+
 def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
-    rank, world_size, device = config["rank"], config["world_size"], config["device"]
+    device = config["device"]
+    rank, world_size = _identity(config)
     os.environ.clear()
     os.environ.update(config["env"])
     # torch reads TORCH_DISTRIBUTED_DEBUG when it is imported, which the fork server did
@@ -187,8 +200,13 @@ def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
     os.environ.update(torchrun_environment(rank, world_size, run_id, config["workdir"]))
     _on_the_launch_node(device if not config["real_device"] else "real", config["workdir"])
     torch.set_num_threads(config["num_threads"])
-    os.environ["MASTER_PORT"] = str(_rendezvous_port(rank, world_size, conn))
+    # The pool's first process hosts the rendezvous store (with stand-ins: rank 0 of the pool, whichever rank it is).
+    os.environ["MASTER_PORT"] = str(_rendezvous_port(config["rank"], world_size, conn))
     reset_device = _prepare_device(device, config["real_device"])
+    if config.get("stand_in") is not None:
+        from accel.sim.cuda import stand_in
+
+        stand_in.install(config["stand_in"]["description"])  # before the default group is made
     from accel.state import PartialState, reset_state
 
     PartialState()  # creates the process group through the backend, as on the hardware
