@@ -34,6 +34,9 @@ def test_script_arguments_are_left_to_the_script():
     args = parse("--simulate", "xla", "--num_processes", "4", "train.py", "--num_processes", "7", "-x")
     assert (args.simulate, args.num_processes, args.script) == ("xla", 4, "train.py")
     assert args.script_args == ["--num_processes", "7", "-x"]
+    # a script option that abbreviates several of ours (--tp: --tpu, --tpu_cluster, ...) is the script's
+    args = parse("--simulate", "cuda", "train.py", "--tp", "8", "--num_proc", "2")
+    assert args.script_args == ["--tp", "8", "--num_proc", "2"]
 
 
 def test_single_machine_uses_a_standalone_torchrun():

@@ -37,6 +37,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog="Refused with an error (not supported by accel): the flags of "
         + ", ".join(launch_args.UNSUPPORTED_FLAGS)
         + ".",
+        allow_abbrev=False,  # the script's own options (`--tp 2`) are never taken for abbreviations of ours
     )
     launch_args.add_arguments(parser)
     parser.set_defaults(run=run, parser=parser, unrecognized=launch_args.unrecognized)

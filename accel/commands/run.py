@@ -26,6 +26,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run a command with every Python process it starts on a simulated node (ACCEL_SIMULATE)",
         description="Run COMMAND with all its Python processes on one simulated node: "
         "accel run --simulate cuda --gpus 2 -- pytest tests/",
+        allow_abbrev=False,  # the command's own options are never taken for abbreviations of ours
     )
     parser.add_argument("--simulate", required=True, choices=("cuda", "xla"), help="the simulated device")
     parser.add_argument("--gpus", "--devices", dest="count", type=int, default=1, help="how many (default 1)")
