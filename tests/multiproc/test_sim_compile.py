@@ -263,3 +263,147 @@ def test_a_run_says_once_per_process_how_it_compiles_at_its_first_compile(tmp_pa
     said = [line for line in run.stderr.splitlines() if "torch.compile traces with Dynamo" in line]
     assert len(said) == 1 and said[0].startswith("[rank 0]"), run.stderr
     assert "'inductor'" in said[0]
+
+
+# -- flex attention with gradients (torchtitan's attention type "flex") --------------------------------
+
+
+def _causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_flex_attention_backward_compiled_and_eager_gives_the_gradients_of_sdpa(rank):
+    # Flex attention differentiates its score_mod on fake tensors while Dynamo traces, and again when it
+    # runs: fake CUDA tensors that need gradients would abort the rank (a CPU build has no CUDA device guard)
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, 16, device="cuda", requires_grad=True) for _ in range(3))
+    mask = create_block_mask(_causal, 1, 1, 128, 128, device="cuda")
+    compiled = torch.compile(flex_attention)
+    grads = {}
+    for name, attend in (("compiled", compiled), ("eager", flex_attention), ("sdpa", None)):
+        out = (
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            if attend is None
+            else attend(q, k, v, block_mask=mask)
+        )
+        assert out.device == torch.device("cuda", rank)
+        out.pow(2).sum().backward()
+        assert all(t.grad.device == torch.device("cuda", rank) for t in (q, k, v))
+        grads[name] = [t.grad.cpu() for t in (q, k, v)]
+        q.grad = k.grad = v.grad = None
+    for name in ("eager", "sdpa"):
+        for got, expected in zip(grads["compiled"], grads[name], strict=True):
+            close(got, expected, rtol=1e-4, atol=1e-5)
+
+    key, value = (torch.randn(2, 2, 128, 16, device="cuda", requires_grad=True) for _ in range(2))  # grouped query
+    compiled(q, key, value, block_mask=mask, enable_gqa=True).sum().backward()
+    flex = [t.grad.cpu() for t in (q, key, value)]
+    q.grad = key.grad = value.grad = None
+    F.scaled_dot_product_attention(q, key, value, is_causal=True, enable_gqa=True).sum().backward()
+    for got, t in zip(flex, (q, key, value), strict=True):
+        assert got.shape == t.shape
+        close(got, t.grad.cpu(), rtol=1e-4, atol=1e-5)
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_flex_attention_gives_a_tensor_its_score_mod_captures_its_gradient(rank):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 128, 16, device="cuda", requires_grad=True) for _ in range(3))
+    slopes = torch.rand(4, device="cuda", requires_grad=True)  # a learnt ALiBi slope per head
+    mask = create_block_mask(_causal, 1, 1, 128, 128, device="cuda")
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    def grads_of(out):
+        out.pow(2).sum().backward()
+        found = [t.grad.cpu() for t in (q, k, v, slopes)]
+        q.grad = k.grad = v.grad = slopes.grad = None
+        return found
+
+    compiled = grads_of(torch.compile(flex_attention)(q, k, v, score_mod=alibi, block_mask=mask))
+    eager = grads_of(flex_attention(q, k, v, score_mod=alibi, block_mask=mask))
+    positions = torch.arange(128, device="cuda")
+    distance = positions[None, :] - positions[:, None]
+    scores = q @ k.transpose(-2, -1) / 4 + slopes[:, None, None] * distance
+    scores = scores.masked_fill(distance > 0, float("-inf"))
+    written_out = grads_of(scores.softmax(-1) @ v)
+    assert compiled[3].abs().sum() > 0  # the slopes are learnt
+    for got, flex, expected in zip(compiled, eager, written_out, strict=True):
+        close(got, flex, rtol=1e-4, atol=1e-4)
+        close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_compiled_flex_attention_takes_the_memory_its_kernels_allocate(rank):
+    # Inductor's flex kernels allocate the output, the logsumexp and the max scores (fp32, (B, H, L)), which
+    # backward keeps; its backward the gradients. The scores matrix is never made, so it is not counted.
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    torch.manual_seed(0)
+    B, H, L, D = 2, 4, 256, 32
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", requires_grad=True) for _ in range(3))
+    mask = create_block_mask(_causal, 1, 1, L, L, device="cuda")
+    compiled = torch.compile(flex_attention)
+    compiled(q, k, v, block_mask=mask).sum().backward()  # compiled
+    q.grad = k.grad = v.grad = None
+    tensor, stats = B * H * L * D * 4, B * H * L * 4
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+
+    out = compiled(q, k, v, block_mask=mask)
+    assert torch.cuda.memory_allocated() - base == tensor + 2 * stats  # out, logsumexp, max scores
+    out.sum().backward()
+    del out
+    assert torch.cuda.memory_allocated() - base == 3 * tensor  # the gradients; what backward kept is freed
+    peak = torch.cuda.max_memory_allocated() - base
+    assert tensor + 2 * stats + 3 * tensor <= peak < 4 * tensor + 3 * stats  # no (B, H, L, L) scores
+    for t in (q, k, v):
+        before = torch.cuda.memory_allocated()
+        t.grad = None
+        assert before - torch.cuda.memory_allocated() == tensor
+    assert torch.cuda.memory_allocated() == base
+
+
+class _FlexBlock(nn.Module):
+    def __init__(self, flex):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qkv, self.out, self.flex = nn.Linear(32, 96), nn.Linear(32, 32), flex
+
+    def forward(self, x, mask):
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 2, 16).permute(2, 0, 3, 1, 4)
+        if self.flex:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            attended = flex_attention(q, k, v, block_mask=mask)
+        else:
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(attended.transpose(1, 2).reshape(x.shape))
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_a_compiled_block_with_flex_attention_trains_as_one_with_sdpa(rank):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mask = create_block_mask(_causal, None, None, 64, 64, device="cuda")
+    torch.manual_seed(1 + rank)
+    batches = [torch.randn(2, 64, 32, device="cuda") for _ in range(3)]
+    losses = {}
+    for flex in (True, False):
+        block = _FlexBlock(flex).cuda()
+        model = torch.compile(block) if flex else block  # torchtitan compiles each block
+        optimizer = torch.optim.SGD(block.parameters(), lr=0.1)
+        losses[flex] = []
+        for x in batches:
+            loss = model(x, mask).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses[flex].append(loss.item())
+    close(losses[True], losses[False], rtol=1e-4, atol=1e-6)

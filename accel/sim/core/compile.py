@@ -48,6 +48,7 @@ def install(
     for cls in wrapper_classes:
         torch_internals.describe_wrappers_for_tracing(cls)
         torch_internals.run_flex_attention_on(cls, functools.partial(_on_inner, cls))
+        torch_internals.trace_flex_attention_gradients_on_host(cls, wrapper.unwrap)
     torch_internals.keep_dynamo_out_of("accel.sim")
     torch_internals.ask_python_for_dynamos_current_stream()  # torch 2.15 asks C++, which knows the hidden device
     torch_internals.around_dynamo_compiles(lambda: _starts(pause), lambda: _ends(resume))
@@ -55,14 +56,29 @@ def install(
 
 
 def _on_inner(cls: type[wrapper.WrapperTensor], op: Any, *args: Any, **kwargs: Any) -> Any:
-    """Higher-order op `op` on the host tensors under `cls`'s, its tensor results back on the first one's device."""
+    """Higher-order op `op` on the host tensors under `cls`'s, its tensor results back on the first one's device.
+
+    A host tensor stands for a wrapper that needs gradients with an alias that needs them too:
+    flex attention's backward computes the gradients of `score_mod`'s captured tensors only
+    for those that need them. While Dynamo traces, the results are fake tensors, wrapped too:
+    the ops after flex attention in the same graph take them for simulated tensors.
+    """
     from torch.utils._pytree import tree_map
 
     tensors = [a for a in args if isinstance(a, cls)]
     device = tensors[0].device  # the query's (flex attention's first argument)
-    inner = tree_map(lambda a: wrapper.unwrap(a) if isinstance(a, cls) else a, (args, kwargs))
+    inner = tree_map(lambda a: _host(a) if isinstance(a, cls) else a, (args, kwargs))
     out = op(*inner[0], **inner[1])
-    return tree_map(lambda t: wrapper.wrap(cls, t, device) if type(t) is torch.Tensor else t, out)
+    return tree_map(lambda t: wrapper.wrap(cls, t, device) if _host_result(t) else t, out)
+
+
+def _host_result(value: Any) -> bool:
+    return type(value) is torch.Tensor or (isinstance(value, torch.Tensor) and torch_internals.is_fake(value))
+
+
+def _host(tensor: torch.Tensor) -> torch.Tensor:
+    inner = wrapper.unwrap(tensor)
+    return inner.detach().requires_grad_() if tensor.requires_grad else inner
 
 
 def _starts(pause: Callable[[], None]) -> None:

@@ -1307,6 +1307,48 @@ def run_flex_attention_on(cls: type, run: Callable[..., Any]) -> None:
     after_import("torch._higher_order_ops.flex_attention", register)
 
 
+INTERNALS["torch._higher_order_ops.flex_attention.create_fw_bw_graph"] = (
+    "flex attention's score_mod is differentiated on host fakes: a fake CUDA tensor needing grad aborts a CPU build"
+)
+
+
+def trace_flex_attention_gradients_on_host(
+    cls: type[torch.Tensor], host: Callable[[torch.Tensor], torch.Tensor]
+) -> None:
+    """Flex attention differentiates `score_mod` on the host tensors `host(t)` under `cls` tensors (private).
+
+    Flex attention with inputs that need gradients builds the joint graph of `score_mod`
+    (`create_fw_bw_graph`) by tracing it with autograd on fresh fake tensors made on its
+    example values' device (`torch.empty_strided(..., device=t.device)` in a `FakeTensorMode`),
+    while Dynamo traces and again each time it runs. A `cls` tensor shows cuda:k, so the fake
+    scores are CUDA tensors to C++ too, and autograd's first edge to one (its `AccumulateGrad`
+    takes the device's stream) asks for CUDA's device guard, which a CPU build lacks: "PyTorch
+    is not linked with support for cuda devices", an abort rather than an exception. Given the
+    host tensors (needing gradients as the wrappers do), torch traces the same graph on CPU
+    fakes; flex attention's backward runs it on host tensors anyway (`run_flex_attention_on`).
+    """
+
+    def on_host(value: Any) -> Any:
+        if not isinstance(value, cls):
+            return value
+        return host(value).detach().requires_grad_(value.requires_grad)
+
+    def register(module: Any) -> None:
+        original = module.create_fw_bw_graph
+        if getattr(original, "_accel_sim", False):
+            return
+
+        @functools.wraps(original)
+        def create_fw_bw_graph(score_mod: Any, index_values: Any, other_buffers: Any) -> Any:
+            values, buffers = tuple(map(on_host, index_values)), tuple(map(on_host, other_buffers))
+            return original(score_mod, values, buffers)
+
+        create_fw_bw_graph._accel_sim = True  # type: ignore[attr-defined]
+        module.create_fw_bw_graph = create_fw_bw_graph  # its callers look it up there (Dynamo's at each call)
+
+    after_import("torch._higher_order_ops.flex_attention", register)
+
+
 # -- tensors that move keep their identity (accel.sim.core.moves) ------------------------------------
 
 
