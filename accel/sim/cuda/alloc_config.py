@@ -35,6 +35,7 @@ import dataclasses
 import os
 import re
 import warnings
+from collections.abc import Callable
 
 from accel.sim.cuda.gpu_models import MiB
 
@@ -261,17 +262,7 @@ def _parse_common(tokens: _Tokens, settings: AllocatorSettings, unknown: str | N
             i = _large_segment_size(tokens, i, settings)
         i += 1
     settings.max_non_split_rounding_size = settings.large_segment_size
-    i = 0
-    while i < len(tokens):
-        key = tokens.at(i)
-        parse = _COMMON_PARSERS.get(key)
-        if parse is not None:
-            i = parse(tokens, i, settings)
-        else:
-            if unknown is not None and key not in ALL_KEYS:
-                raise ValueError(f"Unrecognized key '{key}' in {unknown} allocator config.")
-            i = tokens.skip_key(i)
-        i = _after_value(tokens, i)
+    _apply(tokens, _COMMON_PARSERS, settings, unknown)
 
 
 def _after_value(tokens: _Tokens, i: int) -> int:
@@ -409,10 +400,18 @@ _COMMON_PARSERS = {
 
 def _parse_cuda(tokens: _Tokens, settings: AllocatorSettings, unknown: str | None) -> None:
     """Apply CUDA's keys of `tokens` (the common ones are skipped); `unknown`: the name unknown keys are refused in."""
+    _apply(tokens, _CUDA_PARSERS, settings, unknown)
+
+
+def _apply(
+    tokens: _Tokens, parsers: dict[str, Callable[..., int]], settings: AllocatorSettings, unknown: str | None
+) -> None:
+    """Each key of `tokens` that `parsers` knows, parsed into `settings`; the others skipped, or refused
+    naming `unknown` (the config's name) when no allocator knows them."""
     i = 0
     while i < len(tokens):
         key = tokens.at(i)
-        parse = _CUDA_PARSERS.get(key)
+        parse = parsers.get(key)
         if parse is not None:
             i = parse(tokens, i, settings)
         else:
