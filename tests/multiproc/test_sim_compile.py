@@ -407,3 +407,100 @@ def test_a_compiled_block_with_flex_attention_trains_as_one_with_sdpa(rank):
             optimizer.zero_grad()
             losses[flex].append(loss.item())
     close(losses[True], losses[False], rtol=1e-4, atol=1e-6)
+
+
+# -- flex attention without a block mask, and block masks made by compiled code -----------------------
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_a_compiled_function_indexes_the_tensors_it_makes_on_the_gpu(rank):
+    # Python indexing opens the device guard of the tensor's C++ device: the fake tensors Dynamo makes for
+    # `torch.arange(..., device="cuda")` are simulated ones, whose device has a guard
+    def masked(x):
+        positions = torch.arange(x.shape[-1], device=x.device)
+        picked = torch.zeros(x.shape, dtype=torch.bool, device="cuda")
+        picked[positions, positions.flip(0)] = True
+        return x.masked_fill(positions[:, None] < positions[None, :], 0) + picked
+
+    x = torch.randn(8, 8, device="cuda")
+    got = torch.compile(masked, fullgraph=True)(x)
+    assert got.device == torch.device("cuda", rank)
+    assert torch.equal(got.cpu(), masked(x).cpu())
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_flex_attention_without_a_block_mask_gives_sdpa_and_the_written_out_attention(rank):
+    # Without block_mask, flex attention builds its default mask on the query's device (indexing a tensor that a
+    # compiled frame made there), and that mask's mask_mod makes a tensor on the device Dynamo wrote into it.
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, 16, device="cuda", requires_grad=True) for _ in range(3))
+    slopes = torch.rand(4, device="cuda", requires_grad=True)
+    positions = torch.arange(128, device="cuda")
+    distance = positions[None, :] - positions[:, None]
+
+    def relative(score, b, h, q_idx, kv_idx):
+        return score + (kv_idx - q_idx) / 64
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx)
+
+    def results_of(out):
+        assert out.device == torch.device("cuda", rank)
+        out.pow(2).sum().backward()
+        found = [out.detach().cpu()] + [t.grad.cpu() for t in (q, k, v, slopes) if t.grad is not None]
+        q.grad = k.grad = v.grad = slopes.grad = None
+        return found
+
+    compiled = torch.compile(flex_attention)
+    written_out = {
+        None: results_of(F.scaled_dot_product_attention(q, k, v)),  # not causal
+        relative: results_of(F.scaled_dot_product_attention(q, k, v, attn_mask=distance / 64)),
+        alibi: results_of((q @ k.transpose(-2, -1) / 4 + slopes[:, None, None] * distance).softmax(-1) @ v),
+    }
+    assert len(written_out[alibi]) == 5 and written_out[alibi][4].abs().sum() > 0  # the slopes are learnt
+    for score_mod, expected in written_out.items():
+        for attend in (flex_attention, compiled):
+            got = results_of(attend(q, k, v) if score_mod is None else attend(q, k, v, score_mod=score_mod))
+            assert len(got) == len(expected)
+            for found, wanted in zip(got, expected, strict=True):
+                close(found, wanted, rtol=1e-4, atol=1e-5)
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_a_block_mask_made_by_compiled_create_block_mask_is_the_eager_one(rank):
+    # torchtitan compiles create_block_mask (document masks of packed sequences), as `_compile=True` does; a mask
+    # built from tensors the compiled frame makes only (the causal one) indexes them on the GPU
+    import warnings
+
+    from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
+
+    positions = torch.cat([torch.arange(n, device="cuda") for n in (48, 80)])  # two documents
+    documents = torch.cumsum((positions == 0).int(), dim=0) - 1
+
+    def same_document(b, h, q_idx, kv_idx):
+        return documents[q_idx] == documents[kv_idx]
+
+    causal = torch.ones(128, 128, dtype=torch.bool, device="cuda").tril()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 128, 16, device="cuda") for _ in range(3))
+    attend = torch.compile(flex_attention)
+    for mask_mod, dense in (
+        (_causal, causal),
+        (and_masks(_causal, same_document), causal & (documents[:, None] == documents[None, :])),
+    ):
+        eager = create_block_mask(mask_mod, None, None, 128, 128, device="cuda", BLOCK_SIZE=32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch deprecates _compile=True for torch.compile
+            flagged = create_block_mask(mask_mod, None, None, 128, 128, device="cuda", BLOCK_SIZE=32, _compile=True)
+        compiled = torch.compile(create_block_mask)(mask_mod, None, None, 128, 128, device="cuda", BLOCK_SIZE=32)
+        for made in (flagged, compiled):
+            for got, expected in zip(made.as_tuple()[:-1], eager.as_tuple()[:-1], strict=True):
+                if isinstance(expected, torch.Tensor):
+                    assert got.device == torch.device("cuda", rank)
+                    assert torch.equal(got.cpu(), expected.cpu())
+                else:
+                    assert got == expected
+        expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+        close(attend(q, k, v, block_mask=compiled).cpu(), expected.cpu(), rtol=1e-4, atol=1e-5)

@@ -49,6 +49,7 @@ def install(
         torch_internals.describe_wrappers_for_tracing(cls)
         torch_internals.run_flex_attention_on(cls, functools.partial(_on_inner, cls))
         torch_internals.trace_flex_attention_gradients_on_host(cls, wrapper.unwrap)
+        torch_internals.adopt_dynamos_values(functools.partial(wrapper._adopt_fakes, cls))
     torch_internals.keep_dynamo_out_of("accel.sim")
     torch_internals.ask_python_for_dynamos_current_stream()  # torch 2.15 asks C++, which knows the hidden device
     torch_internals.around_dynamo_compiles(lambda: _starts(pause), lambda: _ends(resume))
@@ -62,14 +63,41 @@ def _on_inner(cls: type[wrapper.WrapperTensor], op: Any, *args: Any, **kwargs: A
     flex attention's backward computes the gradients of `score_mod`'s captured tensors only
     for those that need them. While Dynamo traces, the results are fake tensors, wrapped too:
     the ops after flex attention in the same graph take them for simulated tensors.
+    Its callables (`score_mod`, `mask_mod`, their graphs) run on the host tensors too: the
+    devices Dynamo wrote into them (`noop_mask`'s `new_ones(..., device=cuda:k)`, the mask
+    of a call without `block_mask`) are the host's (`_HostFactories`).
     """
     from torch.utils._pytree import tree_map
 
     tensors = [a for a in args if isinstance(a, cls)]
     device = tensors[0].device  # the query's (flex attention's first argument)
-    inner = tree_map(lambda a: _host(a) if isinstance(a, cls) else a, (args, kwargs))
+    inner = tree_map(
+        lambda a: _host(a) if isinstance(a, cls) else _on_host(cls, a) if callable(a) else a, (args, kwargs)
+    )
     out = op(*inner[0], **inner[1])
     return tree_map(lambda t: wrapper.wrap(cls, t, device) if _host_result(t) else t, out)
+
+
+class _HostFactories(torch.overrides.TorchFunctionMode):
+    """Tensors made on `cls`'s device (`device=` naming it) are made on the host."""
+
+    def __init__(self, cls: type[wrapper.WrapperTensor]) -> None:
+        super().__init__()
+        self.cls = cls
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if self.cls._sim.is_mine(kwargs.get("device")):
+            kwargs = {**kwargs, "device": torch.device("cpu")}
+        return func(*args, **kwargs)
+
+
+def _on_host(cls: type[wrapper.WrapperTensor], function: Callable[..., Any]) -> Callable[..., Any]:
+    def on_host(*args: Any) -> Any:
+        with _HostFactories(cls):
+            return function(*args)
+
+    return on_host
 
 
 def _host_result(value: Any) -> bool:

@@ -1204,6 +1204,37 @@ def is_fake(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, FakeTensor)
 
 
+INTERNALS["torch._dynamo.utils.run_node"] = (
+    "a tensor a compiled function makes on a simulated GPU is a simulated one while Dynamo traces (x[i] needs it)"
+)
+
+
+def adopt_dynamos_values(adopt: Callable[[Any], Any]) -> None:
+    """The fake value Dynamo computes for each op it traces (`torch._dynamo.utils.run_node`, private) is `adopt(value)`.
+
+    A factory Dynamo traces (`torch.arange(n, device="cuda")`) gives a plain fake tensor whose
+    C++ device is CUDA, where the run gives a simulated tensor, on the hidden device. Python
+    indexing of it (`t[None]`, `t[i] = v`: `THPVariable_getitem`/`setitem`) opens the device
+    guard of its C++ device first, which a CPU build lacks: "PyTorch is not linked with
+    support for cuda devices" (flex attention's default block mask does, `create_block_mask`
+    compiled too). Adopted as the op's value, the fake is a simulated tensor from the start.
+    """
+
+    def register(utils: Any) -> None:
+        original = utils.run_node
+        if getattr(original, "_accel_sim", False):
+            return
+
+        @functools.wraps(original)
+        def run_node(tracer: Any, node: Any, args: Any, kwargs: Any, nnmodule: Any) -> Any:
+            return adopt(original(tracer, node, args, kwargs, nnmodule))
+
+        run_node._accel_sim = True  # type: ignore[attr-defined]
+        utils.run_node = run_node  # get_fake_value looks it up there at each op
+
+    after_import("torch._dynamo.utils", register)
+
+
 # -- other libraries' tensor subclasses ----------------------------------------------------------
 
 
