@@ -103,3 +103,16 @@ def test_index_tensors_on_another_gpu_fail_as_on_a_gpu(rank):
     with pytest.raises(RuntimeError, match=words):
         x[:, elsewhere]  # the index list starts with None: the short path must not take it
     assert x[:, elsewhere.cpu()].tolist() == x[:, elsewhere.to("cuda:0")].tolist() == [[0, 2], [4, 6], [8, 10]]
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_torchscript_compiles_torch_tensor_as_the_builtin(rank):
+    # torch.distributed.optim's optimizers are @torch.jit.script classes calling torch.tensor,
+    # which the simulator replaces: TorchScript must still see the aten op
+    import torch.distributed.optim  # noqa: F401
+
+    @torch.jit.script
+    def both(x: float) -> torch.Tensor:
+        return torch.tensor([x]) + torch.as_tensor([x])
+
+    assert both(1.5).tolist() == [3.0]

@@ -1567,3 +1567,21 @@ def restore_sdp_switches(order: list[int]) -> None:
     torch._C._set_sdp_use_overrideable(True)
     torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(False)
     set_sdp_priority_order(order)
+
+
+INTERNALS["torch.jit._builtins._register_builtin"] = (
+    "TorchScript compiles the simulator's torch.tensor/as_tensor as the aten ops they stand for"
+)
+
+
+def script_as_builtins(functions: dict[Any, str]) -> None:
+    """TorchScript sees each of `functions` (replacements of torch's own) as the aten op it names.
+
+    Scripted code (`torch.distributed.optim`'s `@torch.jit.script` optimizers) calls
+    `torch.tensor`; TorchScript knows torch's function as a builtin, but would try to compile
+    a Python replacement and fail at import (`NotSupportedError`).
+    """
+    from torch.jit import _builtins
+
+    for function, op in functions.items():
+        _builtins._register_builtin(function, op)

@@ -762,6 +762,7 @@ def install_entry_points(cls: type[WrapperTensor]) -> dict[str, Callable[..., An
     torch.Tensor.to = points["to"]  # type: ignore[method-assign]  # same signature
     torch.tensor = points["tensor"]
     torch.as_tensor = points["as_tensor"]
+    torch_internals.script_as_builtins({points["tensor"]: "aten::tensor", points["as_tensor"]: "aten::as_tensor"})
     torch_internals.patch_data_setter(functools.partial(set_data, cls))
     torch_internals.check_grad_device(functools.partial(check_grad, cls._sim.type))
     return points
