@@ -109,7 +109,7 @@ def test_index_tensors_on_another_gpu_fail_as_on_a_gpu(rank):
 def test_torchscript_compiles_torch_tensor_as_the_builtin(rank):
     # torch.distributed.optim's optimizers are @torch.jit.script classes calling torch.tensor,
     # which the simulator replaces: TorchScript must still see the aten op
-    import torch.distributed.optim  # noqa: F401
+    import torch.distributed.optim
 
     @torch.jit.script
     def both(x: float) -> torch.Tensor:
