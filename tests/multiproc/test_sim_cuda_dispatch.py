@@ -116,3 +116,18 @@ def test_torchscript_compiles_torch_tensor_as_the_builtin(rank):
         return torch.tensor([x]) + torch.as_tensor([x])
 
     assert both(1.5).tolist() == [3.0]
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_a_dtensor_moved_to_its_own_device_is_itself(rank):
+    # torch's clip_grad_norm_ calls norm.to(device) on partial DTensors: a copy would all-reduce again
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, distribute_tensor
+
+    mesh = init_device_mesh("cuda", (2,))
+    partial = distribute_tensor(torch.ones(4, device="cuda"), mesh, [Partial()])
+    assert partial.to(partial.device) is partial
+    assert partial.to("cuda") is partial
+    assert partial.to(torch.float32) is partial
+    moved = partial.to(torch.float64)
+    assert moved is not partial and moved.dtype == torch.float64

@@ -723,9 +723,10 @@ def python_entry_points(cls: type[WrapperTensor]) -> dict[str, Callable[..., Any
             args = (sim.resolve(args[0]), *args[1:])
         if kwargs.get("device") is not None and sim.names_me(kwargs["device"]):
             kwargs["device"] = sim.resolve(kwargs["device"])
-        if type(self) is cls and not kwargs.get("copy", False):
+        # other libraries' wrappers shown on this device (DTensor: built on the hidden one) too
+        if not kwargs.get("copy", False) and (type(self) is cls or self.device.type == sim.type):
             device, dtype, _, memory_format = torch_internals.parse_to(*args, **kwargs)
-            same_device = device is None or device == self._shown
+            same_device = device is None or device == (self._shown if type(self) is cls else self.device)
             same_dtype = dtype is None or dtype == self.dtype
             same_format = memory_format is None or memory_format == torch.preserve_format
             if same_device and same_dtype and same_format and (device is not None or dtype is not None):
