@@ -26,11 +26,11 @@ SETTINGS = {
 }
 
 
-def probe_simulated_h200(folder: Path, env: dict[str, str]) -> dict:
+def probe_simulated_h200(folder: Path, env: dict[str, str], skip: tuple[str, ...] = ()) -> dict:
     out = folder / "sim.json"
     command = [sys.executable, "-m", "accel.commands.cli", "launch", "--simulate", "cuda", "--gpu", "H200"]
     result = subprocess.run(
-        [*command, "--num_processes", "1", str(PROBE), "--out", str(out)],
+        [*command, "--num_processes", "1", str(PROBE), "--out", str(out), *(["--skip", *skip] if skip else [])],
         capture_output=True,
         text=True,
         timeout=300,
@@ -80,10 +80,75 @@ def test_fsdp2_peak_and_losses_are_the_real_ones(simulated):
     assert all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(sim["losses"], real["losses"], strict=True))
 
 
+MiB = 2**20
+
+
+def test_expandable_segments_set_at_run_time(simulated):
+    """Compared with the real card's where its record has them; else with what torch's allocator rules give:
+    one segment per pool mapped page by page (2 MiB pages in the small pool, 20 MiB in the large one), whole
+    free pages unmapped by empty_cache. The 100 MiB request then maps 6 pages (120 MiB) after the large pool's
+    18 MiB instead of a 102 MiB segment of its own, and empty_cache gives back the 5 pages it alone used."""
+    sim = simulated["expandable_segments"]
+    if "expandable_segments" in REAL:
+        assert sim == REAL["expandable_segments"]
+        return
+    fixed, expandable = sim["fixed"]["sequence"], sim["expandable"]["sequence"]
+    assert fixed == REAL["memory_sequence"]
+    assert [a for a, _ in expandable] == [a for a, _ in fixed]  # the blocks are the same sizes
+    reserved = [2, 2, 2, 2, 22, 22, 22, 122, 122, 122, 122, 22, 22, 0]
+    assert [r for _, r in expandable] == [r * MiB for r in reserved]
+    assert [r for _, r in expandable] != [r for _, r in fixed]
+    # cudaMalloc/cudaFree of segments (fixed) or cuMemMap/cuMemUnmap of pages (expandable): 3 of each
+    assert sim["fixed"]["counters"]["num_device_alloc"] == sim["expandable"]["counters"]["num_device_alloc"] == 3
+    assert sim["fixed"]["counters"]["num_device_free"] == sim["expandable"]["counters"]["num_device_free"] == 3
+
+
+def test_grouped_query_attention_runs_the_real_kernels(simulated):
+    sim = simulated["gqa_attention"]
+    if "gqa_attention" in REAL:
+        for name, real in REAL["gqa_attention"].items():
+            assert {k: v for k, v in sim[name].items() if k != "grad_norms"} == {
+                k: v for k, v in real.items() if k != "grad_norms"
+            }, name
+            for a, b in zip(sim[name].get("grad_norms", []), real.get("grad_norms", []), strict=True):
+                assert math.isclose(a, b, rel_tol=2e-2), name
+        return
+    # an H200 (sm 9.0) puts cuDNN first; flash takes grouped heads; memory-efficient attention refuses them
+    assert sim["default"]["grad_fn"] == "ScaledDotProductCudnnAttentionBackward0"
+    assert sim["flash"]["grad_fn"] == "ScaledDotProductFlashAttentionBackward0"
+    assert sim["efficient"]["error"] == "RuntimeError: No available kernel. Aborting execution."
+    assert any("same num_heads" in said for said in sim["efficient"]["warnings"])
+    out = 2 * 8 * 1024 * 64 * 2  # the bf16 output; the logsumexp (fp32) and the rest after it
+    for name in ("default", "flash"):
+        assert out < sim[name]["allocated_after_forward"] < sim[name]["peak_allocated"]
+        assert all(
+            math.isclose(a, b, rel_tol=2e-2)
+            for a, b in zip(sim[name]["grad_norms"], sim["default"]["grad_norms"], strict=True)
+        )
+
+
+def test_fsdp2_with_selective_activation_checkpointing(simulated):
+    sim = simulated["fsdp2_sac_llama"]
+    if "fsdp2_sac_llama" in REAL:
+        for mode, real in REAL["fsdp2_sac_llama"].items():
+            assert sim[mode]["peak_allocated"] == real["peak_allocated"], mode
+            assert sim[mode]["peak_reserved"] == real["peak_reserved"], mode
+            assert all(
+                math.isclose(a, b, rel_tol=1e-2) for a, b in zip(sim[mode]["losses"], real["losses"], strict=True)
+            )
+        return
+    plain, selective = sim["no_ac"], sim["selective_ac"]
+    assert all(math.isfinite(loss) for loss in plain["losses"] + selective["losses"])
+    assert all(math.isclose(a, b, rel_tol=1e-2) for a, b in zip(plain["losses"], selective["losses"], strict=True))
+    # recomputing the norms, activations and products saves their memory in every step
+    assert all(s < p for s, p in zip(selective["peak_allocated"], plain["peak_allocated"], strict=True))
+    # (reserved memory is not compared: the second run reuses what the first left cached)
+
+
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 def test_training_peaks_under_other_cublas_workspace_settings_are_the_real_ones(tmp_path, setting):
     real = json.loads((HERE / "data" / f"gpu_probe_h200_real_{setting}.json").read_text())
-    sim = probe_simulated_h200(tmp_path, SETTINGS[setting])
+    sim = probe_simulated_h200(tmp_path, SETTINGS[setting], skip=("gqa_attention", "fsdp2_sac_llama"))
     for mode in ("fp32", "bf16"):
         assert sim["training"][mode]["peak_allocated"] == real["training"][mode]["peak_allocated"], mode
         assert sim["training"][mode]["peak_reserved"] == real["training"][mode]["peak_reserved"], mode
