@@ -21,11 +21,12 @@ $(STAMP): pyproject.toml setup.py accel_simulate.pth Makefile
 	touch $(STAMP)
 
 test: install
-	$(PY) -m pytest -n 2 -q -m "not frameworks" tests
+	$(PY) -m pytest -n 2 -q -m "not frameworks and not processes" tests
 
-# The third-party frameworks' runs on simulated GPUs (Lightning, DeepSpeed, torchtitan): slow, CI's second step.
+# The third-party frameworks' runs on simulated GPUs (Lightning, DeepSpeed, torchtitan) and the tests that start
+# whole processes as a user would (simulated nodes, torchrun, pytest sessions): slow, CI's second step.
 test-frameworks: install
-	$(PY) -m pytest -n 2 -q -m frameworks tests
+	$(PY) -m pytest -n 2 -q -m "frameworks or processes" tests
 
 # The simulator's tests (tests/multiproc and tests/test_sim_*.py, frameworks left out) on another
 # torch, in a venv of its own; CI runs it on torch 2.14.1, a CUDA build:

@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+#: starts whole processes as a user would: `make test-frameworks` (CI's second step) runs these
+pytestmark = pytest.mark.processes
+
 pytest_plugins = ["pytester"]
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -139,6 +142,7 @@ import sys
 before = sorted(m for m in sys.modules if m == "accel" or m.startswith("accel."))
 import torch
 import accel
+
 print(before, torch.cuda.device_count(), "accel.sim.node" in sys.modules, sep="|")
 """
 

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import pytest
 
+#: starts whole processes as a user would: `make test-frameworks` (CI's second step) runs these
+pytestmark = pytest.mark.processes
+
 pytest_plugins = ["pytester"]
 
 SUITES = Path(__file__).resolve().parent / "suites"
@@ -41,6 +44,8 @@ def suite(pytester, monkeypatch):
         if name.startswith(OUTSIDE):
             monkeypatch.delenv(name)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # this environment's console scripts (`accelerate`, `torchrun`) first, as in an activated venv
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
 
     def make(name: str) -> None:
         pytester.makepyfile(**{f"test_{name}": (SUITES / f"{name}.py").read_text()})
@@ -85,6 +90,7 @@ def test_the_same_suite_skips_without_a_simulated_node(pytester, suite):
 SESSION = """
 import os, subprocess, sys
 import torch
+
 
 AT_IMPORT = torch.cuda.device_count()  # as suites' gates read it (TEST_CUDA, TEST_MULTIGPU)
 PROBE = "import os, torch; print(torch.cuda.device_count(), torch.cuda.get_device_name(), os.environ['ACCEL_SIM_NODE'])"

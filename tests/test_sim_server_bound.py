@@ -16,6 +16,9 @@ from support import RECORDING, process_gone
 
 from accel.sim.runtime import forking, server
 
+#: starts whole processes as a user would: `make test-frameworks` (CI's second step) runs these
+pytestmark = pytest.mark.processes
+
 pytest_plugins = ["pytester"]
 
 NO_HYPOTHESIS = ("-p", "no:hypothesispytest")

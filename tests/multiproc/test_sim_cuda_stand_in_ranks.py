@@ -25,6 +25,9 @@ import accel.sim
 from accel.commands import cli
 from accel.sim.runtime.output import parse_ranks
 
+#: starts whole processes as a user would: `make test-frameworks` (CI's second step) runs these
+pytestmark = pytest.mark.processes
+
 WORLD = 4
 TIMEOUT = 300
 
@@ -229,6 +232,7 @@ def test_what_waits_for_an_absent_rank_fails_at_once_saying_so():
 
 SCRIPT = """
 import os, torch, torch.distributed as dist
+
 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
 dist.init_process_group("nccl")
 x = torch.empty(1 << 20, device="cuda")
