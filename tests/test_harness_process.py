@@ -9,6 +9,9 @@ import pytest
 from harness_support import assert_nothing_left_running, is_rank_server
 from support import process_gone
 
+#: starts whole pytest sessions as a user would: `make test-frameworks` (CI's second step) runs these
+pytestmark = pytest.mark.processes
+
 pytest_plugins = ["pytester"]
 
 NO_HYPOTHESIS = ("-p", "no:hypothesispytest")

@@ -20,6 +20,9 @@ from support import RECORDING, process_gone
 from accel.sim.runtime import forking, server
 from harness.plugin import first_distributed_config
 
+#: starts whole pytest sessions as a user would: `make test-frameworks` (CI's second step) runs these
+pytestmark = pytest.mark.processes
+
 pytest_plugins = ["pytester"]
 
 NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
