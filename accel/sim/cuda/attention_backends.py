@@ -332,17 +332,7 @@ def _switch(backend: int, text: str) -> Check:
 
 def _nested_batch(call: Call, card: Card) -> str | None:
     """Batch sizes equal, or broadcast (size 1) when no gradient is wanted (`check_batch_size_nested`)."""
-    sizes = [t.size(0) for t in call.tensors]
-    if len(set(sizes)) == 1:
-        return None
-    if call.wants_grad:
-        return "Both fused kernels do not support training with broadcasted NT inputs."
-    if any(s not in (max(sizes), 1) for s in sizes):
-        return (
-            "Both fused kernels require query, key and value to have broadcastable batch sizegot Query batch "
-            f"size {sizes[0]}, Key batch size {sizes[1]}, Value batch size {sizes[2]} instead."
-        )
-    return None
+    return _broadcast(call, [t.size(0) for t in call.tensors], "batch sizegot Query batch size", "Key batch size")
 
 
 def _nested_lengths(call: Call, card: Card) -> str | None:
@@ -358,14 +348,20 @@ def _nested_lengths(call: Call, card: Card) -> str | None:
         if any(p.shape[1] == 0 for p in parts):
             return f"Fused kernels do not support seq_len == 0, {name}has a seq len of 0."
         heads.append(parts[0].shape[0] if parts else 0)
-    if len(set(heads)) == 1:
+    return _broadcast(call, heads, "num heads got Query num heads", "Key num heads")
+
+
+def _broadcast(call: Call, sizes: list[int], what: str, key: str) -> str | None:
+    """Sizes of q, k, v equal, or broadcast (1) without gradients; torch's words otherwise (`what`, `key`)."""
+    if len(set(sizes)) == 1:
         return None
     if call.wants_grad:
         return "Both fused kernels do not support training with broadcasted NT inputs."
-    if any(h not in (max(heads), 1) for h in heads):
+    if any(size not in (max(sizes), 1) for size in sizes):
+        value = key.replace("Key", "Value")
         return (
-            "Both fused kernels require query, key and value to have broadcastable num heads got Query num "
-            f"heads {heads[0]}, Key num heads {heads[1]}, Value num heads {heads[2]} instead."
+            f"Both fused kernels require query, key and value to have broadcastable {what} {sizes[0]}, "
+            f"{key} {sizes[1]}, {value} {sizes[2]} instead."
         )
     return None
 

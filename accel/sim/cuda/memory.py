@@ -42,14 +42,15 @@ import torch
 from accel.sim.core import torch_internals
 from accel.sim.cuda import alloc_config, configured, memory_report, node_memory
 from accel.sim.cuda import state as cuda_state
+from accel.sim.cuda.alloc_config import (  # CUDACachingAllocator.cpp's sizes, defined once
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK,
+    K_MIN_LARGE_ALLOC,
+    K_ROUND_LARGE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+)
 from accel.sim.cuda.gpu_models import GpuModel
-
-K_MIN_BLOCK = 512
-K_SMALL_SIZE = 1 << 20
-K_SMALL_BUFFER = 2 << 20
-K_LARGE_BUFFER = 20 << 20
-K_MIN_LARGE_ALLOC = 10 << 20
-K_ROUND_LARGE = 2 << 20
 
 _POOLS = ("small_pool", "large_pool")
 _STATS = (
