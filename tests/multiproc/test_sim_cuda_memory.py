@@ -419,3 +419,25 @@ def test_attention_takes_the_flash_path_only_on_cards_that_have_it(card, flash):
     names = accel.sim.launch(attend, world_size=2, device="cuda", gpu=card)
     # a GPU below sm_80 has no flash attention: torch takes another path there
     assert all(("Flash" in name) == flash for name in names), names
+
+
+def _stream_caches():
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert torch.cuda.current_stream() == side != torch.cuda.default_stream()
+        x = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    del x
+    # the default stream does not reuse the block cached for the side stream: a segment of its own
+    y = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+    after_default = torch.cuda.memory_reserved()
+    streams = sorted(segment["stream"] for segment in torch.cuda.memory_snapshot())
+    with torch.cuda.stream(side):  # the side stream reuses its own
+        z = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+    del y, z
+    return after_default, torch.cuda.memory_reserved(), streams[0] == 0 and streams[1] != 0
+
+
+def test_cached_blocks_serve_only_the_stream_they_were_allocated_on():
+    # torch's caching allocator keys its pools by stream: a block freed by a stream's tensor is reused on that stream
+    assert accel.sim.launch(_stream_caches, world_size=1, device="cuda") == [(512 * MiB, 512 * MiB, True)]

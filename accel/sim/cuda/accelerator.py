@@ -63,8 +63,8 @@ def answers() -> dict[str, Any]:
         "_accelerator_exchangeDevice": _exchange,
         "_accelerator_maybeExchangeDevice": _exchange,
         "_accelerator_synchronizeDevice": lambda index: None,  # work is done when issued
-        "_accelerator_getStream": lambda index: fake_cuda.Stream(index),
-        "_accelerator_setStream": lambda stream: None,  # one stream per simulated GPU
+        "_accelerator_getStream": lambda index: fake_cuda.current_stream(index),
+        "_accelerator_setStream": fake_cuda.set_stream,
         "_accelerator_getDeviceCapability": lambda index: {"supported_dtypes": _supported_dtypes()},
         "_accelerator_isAllocatorInitialized": lambda: True,
         "_accelerator_emptyCache": lambda: torch.cuda.empty_cache(),

@@ -65,13 +65,16 @@ def malloc(memory: DeviceMemory, nbytes: int) -> Block:
     conf = memory.conf
     size = conf.round_size(nbytes)
     small = size <= K_SMALL_SIZE
-    pool = memory.pools[small]
+    stream = memory.current_stream()
+    pool = memory.pool(small, stream)
     expandable = conf.expandable_segments
     block = _find_free(memory, pool, size, expandable)
     if block is None:
         if conf.garbage_collection_threshold > 0.0 and memory.fraction < 1.0:
             collect_garbage(memory)
         block = _allocate(memory, pool, size, small, expandable)
+        if block.segment is None:
+            block.stream = stream  # (an expandable segment's blocks have its stream: `_room_for`)
     remaining = block.size - size
     if remaining >= K_MIN_BLOCK if small or expandable else size < memory.mss and remaining > K_SMALL_SIZE:
         pool.put(memory.split(block, size))
@@ -151,7 +154,7 @@ def _new_block(memory: DeviceMemory, pool: _Pool, size: int, small: bool, alloc:
 def _grow(memory: DeviceMemory, pool: _Pool, size: int, small: bool) -> Block | None:
     """A free block of `size` bytes or more, pages mapped at the lowest address with room
     (`try_allocate_expandable_block`)."""
-    candidate = _room_for(memory, pool, size, small)
+    candidate = _room_for(memory, pool, size, small, memory.current_stream())
     if candidate is None:
         return None
     if not candidate.mapped:
@@ -166,9 +169,10 @@ def _grow(memory: DeviceMemory, pool: _Pool, size: int, small: bool) -> Block | 
     return candidate
 
 
-def _room_for(memory: DeviceMemory, pool: _Pool, size: int, small: bool) -> Block | None:
+def _room_for(memory: DeviceMemory, pool: _Pool, size: int, small: bool, stream: int) -> Block | None:
     """The first block (free or unmapped, lowest address first) from which `size` bytes of free and unmapped
-    memory follow; in a new segment if none (`find_expandable_block`); None if a whole segment is too small."""
+    memory follow; in a new segment if none (`find_expandable_block`); None if a whole segment is too small.
+    The pool is `stream`'s: each stream has expandable segments of its own, as torch's."""
     for _, unmapped in pool.unmapped:
         start = unmapped.prev if unmapped.prev is not None and not unmapped.prev.allocated else unmapped
         room, block = 0, start  # type: tuple[int, Block | None]
@@ -187,7 +191,7 @@ def _room_for(memory: DeviceMemory, pool: _Pool, size: int, small: bool) -> Bloc
         next(memory._addresses)
     segment = Expandable(page, base, reach, small)
     head = cuda_memory.Block(reach, base, small)
-    head.segment, head.mapped = segment, False
+    head.segment, head.mapped, head.stream = segment, False, stream
     segment.head = head
     memory.expandables.append(segment)
     put_unmapped(pool, head)
@@ -293,7 +297,7 @@ def _whole(block: Block) -> bool:
 
 def release_segment(memory: DeviceMemory, head: Block) -> None:
     """Give whole cached segment `head` back to the card (`release_block`)."""
-    memory.pools[head.small].remove(head)
+    memory.pools[(head.small, head.stream)].remove(head)
     memory.segments.remove(head)
     memory.unreserve_segment(head)
     node_memory.publish(memory.node, memory.reserved + memory.outside_bytes)
@@ -331,14 +335,16 @@ def collect_garbage(memory: DeviceMemory) -> None:
     if memory.reserved <= threshold:
         return
     target, reclaimed = memory.reserved - threshold, 0
-    pool = memory.pools[False]
-    candidates = [block for _, _, block in pool.free if _whole(block)]
-    total_age, count = sum(pool.calls - block.gc_base for block in candidates), len(candidates)
+    # every stream's large blocks, by stream (torch's pool orders its blocks by stream first)
+    pools = [pool for (small, _), pool in sorted(memory.pools.items(), key=lambda item: item[0][1]) if not small]
+    calls = memory.pool(False, 0).calls  # (shared by the pools of all streams)
+    candidates = [block for pool in pools for _, _, block in pool.free if _whole(block)]
+    total_age, count = sum(calls - block.gc_base for block in candidates), len(candidates)
     freed = True
     while reclaimed < target and freed and count > 0:
         average, freed = total_age / count, False
-        for _, _, block in list(pool.free):
-            age = pool.calls - block.gc_base
+        for block in [block for pool in pools for _, _, block in pool.free]:
+            age = calls - block.gc_base
             if _whole(block) and age >= average:
                 freed, reclaimed, total_age, count = True, reclaimed + block.size, total_age - age, count - 1
                 release_segment(memory, block)

@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -200,6 +201,9 @@ class Stream:
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         self.device = cuda_state.gpus().resolve("cuda" if device is None else device)
         self.priority = priority
+        #: which stream this is, for the caching allocator's pools (each stream caches its own blocks);
+        #: 0 is the default stream
+        self.sim_id: int = kwargs.get("_sim_id", next(_stream_ids))
 
     def wait_stream(self, stream: Any) -> None:
         pass
@@ -232,16 +236,51 @@ class Stream:
         return 1  # torch's DeviceType of CUDA
 
     def __enter__(self) -> Stream:
+        self._outer = _stream_context(self)
+        self._outer.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        pass
+        self._outer.__exit__(*exc)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream) and other.device == self.device
+        return isinstance(other, Stream) and other.device == self.device and other.sim_id == self.sim_id
 
     def __hash__(self) -> int:
-        return hash(self.device)
+        return hash((self.device, self.sim_id))
+
+
+_stream_ids = itertools.count(1)
+
+
+def current_stream(device: Any = None) -> Stream:
+    """`torch.cuda.current_stream`: the stream `torch.cuda.stream` made current on the GPU, else its default."""
+    index = cuda_state.gpus().resolve("cuda" if device is None else device).index
+    found = cuda_state.gpus().streams.get(index)
+    return found if found is not None else Stream(index, _sim_id=0)
+
+
+def set_stream(stream: Any) -> None:
+    """`torch.cuda.set_stream`: make `stream` current on its GPU (None: no change)."""
+    if stream is not None:
+        cuda_state.gpus().streams[stream.device.index] = stream
+
+
+@contextlib.contextmanager
+def _stream_context(stream: Any) -> Iterator[Any]:
+    """`torch.cuda.stream`: `stream` is current on its GPU (and its GPU the current one) inside."""
+    if stream is None:
+        yield stream
+        return
+    gpus = cuda_state.gpus()
+    before, before_device = current_stream(stream.device), gpus.current
+    gpus.current = stream.device.index
+    set_stream(stream)
+    try:
+        yield stream
+    finally:
+        set_stream(before)
+        gpus.current = before_device
 
 
 def _patches() -> dict[str, Any]:
@@ -266,9 +305,10 @@ def _patches() -> dict[str, Any]:
         "clock_rate": _unsupported("torch.cuda.clock_rate()", "it reads the GPU's NVML counters"),
         "Stream": Stream,
         "Event": Event,
-        "current_stream": lambda device=None: Stream(device),
-        "default_stream": lambda device=None: Stream(device),
-        "stream": lambda stream=None: contextlib.nullcontext(stream),
+        "current_stream": current_stream,
+        "default_stream": lambda device=None: Stream(device, _sim_id=0),
+        "set_stream": set_stream,
+        "stream": _stream_context,
         # no CUDA graph is ever being captured (Dynamo asks before it traces, SyncBatchNorm before it syncs);
         # a CUDA build's own would ask the real driver, a CPU build's raises
         "is_current_stream_capturing": lambda: False,

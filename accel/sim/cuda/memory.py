@@ -120,7 +120,7 @@ class Block:
 
     __slots__ = (
         "size", "addr", "small", "prev", "next", "allocated", "requested", "segment_size", "segment", "mapped",
-        "gc_base",
+        "gc_base", "stream",
     )  # fmt: skip
 
     def __init__(self, size: int, addr: int, small: bool) -> None:
@@ -137,6 +137,9 @@ class Block:
         #: whether pages back it (only a block of an expandable segment may have none)
         self.mapped = True
         self.gc_base = 0  # the pool's request count when the block was cached (its age, `configured`)
+        #: the stream it was allocated on (`fake.Stream.sim_id`): only requests on that stream reuse it,
+        #: as torch's pools are keyed by stream first
+        self.stream = 0
 
 
 @dataclasses.dataclass
@@ -144,8 +147,17 @@ class _Pool:
     free: list[tuple[int, int, Block]] = dataclasses.field(default_factory=list)  # (size, addr, block), sorted
     #: blocks of expandable segments without pages, (addr, block), sorted
     unmapped: list[tuple[int, Block]] = dataclasses.field(default_factory=list)
-    #: requests served from the pool while garbage collection is on (the age of its blocks)
-    calls: int = 0
+    #: requests served from the pool while garbage collection is on (the age of its blocks), shared by the
+    #: pools of all streams (torch's one BlockPool per size class holds every stream's blocks)
+    counter: list[int] = dataclasses.field(default_factory=lambda: [0])
+
+    @property
+    def calls(self) -> int:
+        return self.counter[0]
+
+    @calls.setter
+    def calls(self, value: int) -> None:
+        self.counter[0] = value
 
     def take(self, size: int) -> Block | None:
         i = bisect.bisect_left(self.free, (size, -1))
@@ -172,7 +184,9 @@ class DeviceMemory:
         self.index = index
         self.model = model
         self._settle(settings or alloc_config.current())
-        self.pools = {True: _Pool(), False: _Pool()}
+        #: the cached blocks by size class and stream (a stream reuses only the blocks allocated on it)
+        self.pools: dict[tuple[bool, int], _Pool] = {}
+        self._pool_counters = {True: [0], False: [0]}
         self.segments: list[Block] = []  # first block of each segment
         self._addresses = itertools.count(1 << 40, 1 << 40)  # one address range per segment
         self.stats = {(name, pool): _Stat() for name in _STATS for pool in ("all", *_POOLS)}
@@ -213,6 +227,19 @@ class DeviceMemory:
         self.plain = settings.plain and not self.expandables
         self.mss = settings.max_split_size
 
+    def pool(self, small: bool, stream: int) -> _Pool:
+        """The pool of cached blocks of size class `small` allocated on `stream`."""
+        found = self.pools.get((small, stream))
+        if found is None:
+            found = self.pools[(small, stream)] = _Pool(counter=self._pool_counters[small])
+        return found
+
+    def current_stream(self) -> int:
+        """The id of this GPU's current stream (`torch.cuda.current_stream`), 0 for the default stream."""
+        gpus = cuda_state.current()
+        stream = gpus.streams.get(self.index) if gpus is not None else None
+        return 0 if stream is None else stream.sim_id
+
     def note_outside(self, key: object, nbytes: int) -> None:
         """Memory outside PyTorch's counters taken (once per `key`): kernels loaded, a library's, NCCL's."""
         if key not in self.outside:
@@ -251,10 +278,12 @@ class DeviceMemory:
                 return configured.malloc(self, nbytes)
             size = round_size(nbytes)
             small = size <= K_SMALL_SIZE
-            pool = self.pools[small]
+            stream = self.current_stream()
+            pool = self.pool(small, stream)
             block = pool.take(size)
             if block is None:
                 block = self._new_segment(size, small)
+                block.stream = stream
             remaining = block.size - size
             if remaining >= K_MIN_BLOCK if small else remaining > K_SMALL_SIZE:
                 pool.put(self.split(block, size))
@@ -267,7 +296,7 @@ class DeviceMemory:
     def split(block: Block, size: int) -> Block:
         """Cut `block` after its first `size` bytes; the rest, a block of the same segment that follows it."""
         rest = Block(block.size - size, block.addr + size, block.small)
-        rest.segment, rest.mapped = block.segment, block.mapped
+        rest.segment, rest.mapped, rest.stream = block.segment, block.mapped, block.stream
         rest.prev, rest.next = block, block.next
         if block.next is not None:
             block.next.prev = rest
@@ -377,7 +406,7 @@ class DeviceMemory:
             self._book(small, block.size, block.requested, -1)
             if block.size >= self.mss:
                 self.oversize["oversize_allocations"].add(-1)
-            pool = self.pools[small]
+            pool = self.pool(small, block.stream)  # (a segment's blocks are all of one stream)
             before = block.prev
             if before is not None and not before.allocated and before.mapped:
                 # the free block before takes this one in (a segment's first block stays its first)
@@ -402,7 +431,7 @@ class DeviceMemory:
             kept = []
             for head in self.segments:
                 if head.prev is None and head.next is None and not head.allocated:
-                    self.pools[head.small].remove(head)
+                    self.pools[(head.small, head.stream)].remove(head)
                     self.unreserve_segment(head)
                 else:
                     kept.append(head)
@@ -495,7 +524,7 @@ class DeviceMemory:
     def _inactive_splits(self) -> dict[tuple[str, str], int]:
         """Free blocks that are pieces of split segments, and their bytes, per pool."""
         found = {(name, pool): 0 for name in ("inactive_split", "inactive_split_bytes") for pool in splits_pools}
-        for small, pool in self.pools.items():
+        for (small, _), pool in self.pools.items():
             for size, _, block in pool.free:
                 # (torch leaves blocks of expandable segments out: their free pages can always be given back)
                 if (block.prev is not None or block.next is not None) and block.segment is None:
@@ -541,7 +570,7 @@ class DeviceMemory:
             "allocated_size": sum(b.size for b in blocks if b.allocated),
             "active_size": sum(b.size for b in blocks if b.allocated),
             "requested_size": sum(b.requested for b in blocks if b.allocated),
-            "stream": 0,
+            "stream": blocks[0].stream,
             "segment_type": "small" if small else "large",
             "segment_pool_id": (0, 0),
             "is_expandable": expandable,

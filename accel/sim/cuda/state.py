@@ -77,6 +77,8 @@ class SimGpus:
         self.devices = [torch.device("cuda", i) for i in range(physical)]
         self.generators = [torch.Generator() for _ in range(physical)]
         self.set_device_calls: list[int] = []
+        #: the current stream of each GPU that `torch.cuda.stream` / `set_stream` set (else the default stream)
+        self.streams: dict[int, Any] = {}
         #: whether CUDA has been initialised in this process (`torch.cuda.is_initialized()`):
         #: on a GPU host, by the first use of a GPU (a tensor, set_device, current_device, ...)
         self.initialized = False
@@ -137,6 +139,7 @@ class SimGpus:
         self.current = current
         self.initialized = initialized
         self.set_device_calls.clear()
+        self.streams.clear()
         for generator in self.generators:
             generator.manual_seed(DEFAULT_CUDA_SEED)
 
