@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml setup.py accel_simulate.pth Makefile
 test: install
 	$(PY) -m pytest -n 2 -q -m "not frameworks and not processes" tests
 
-# The third-party frameworks' runs on simulated GPUs (Lightning, DeepSpeed, torchtitan) and the tests that start
+# The third-party frameworks' runs on simulated GPUs (Lightning, DeepSpeed, torchtitan, Accelerate, the Trainer) and the tests that start
 # whole processes as a user would (simulated nodes, torchrun, pytest sessions): slow, CI's second step.
 test-frameworks: install
 	$(PY) -m pytest -n 2 -q -m "frameworks or processes" tests

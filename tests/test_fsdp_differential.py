@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# whole launches of Accelerate / the Trainer on simulated GPUs: CI's second step (make test-frameworks)
+pytestmark = pytest.mark.frameworks
+
 PROGRAM = Path(__file__).resolve().parent / "programs" / "fsdp_train.py"
 
 

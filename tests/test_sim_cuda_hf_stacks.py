@@ -16,6 +16,9 @@ from pathlib import Path
 import accelerate
 import pytest
 
+# whole launches of Accelerate / the Trainer on simulated GPUs: CI's second step (make test-frameworks)
+pytestmark = pytest.mark.frameworks
+
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 ACCELERATE_SCRIPTS = Path(accelerate.__file__).resolve().parent / "test_utils" / "scripts"
 
