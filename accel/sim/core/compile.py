@@ -22,12 +22,14 @@ from typing import Any
 
 import torch
 
-from accel.sim.core import torch_internals, wrapper
+from accel.sim.core import compiled_buffers, torch_internals, wrapper
 
 #: the backend every named backend becomes: Dynamo's graphs run op by op on the simulated tensors
 EAGER_BACKEND = "eager"
 
 _said: list[bool] = []
+#: [True] once `install` was given a memory model for Inductor's regions
+_models_inductor: list[bool] = []
 #: the first backend a `torch.compile` call named (what the one line on stderr reports)
 _asked: list[Any] = []
 
@@ -36,12 +38,15 @@ def install(
     wrapper_classes: tuple[type, ...],
     pause: Callable[[], None] = lambda: None,
     resume: Callable[[], None] = lambda: None,
+    buffers: compiled_buffers.Runtime | None = None,
 ) -> None:
     """Make `torch.compile` (and `nn.Module.compile`, which calls it) trace with Dynamo and run eagerly.
 
     `pause()` / `resume()` run as Dynamo starts and ends compiling (a device that counts its
-    memory stops counting: tracing runs on fake tensors). Idempotent; nothing is imported
-    or compiled until a compiled function is first called.
+    memory stops counting: tracing runs on fake tensors). With `buffers` (a device that counts
+    memory), regions compiled for Inductor are counted as its kernels hold memory
+    (`accel.sim.core.compiled_buffers`). Idempotent; nothing is imported or compiled until a
+    compiled function is first called.
     """
     if getattr(torch.compile, "_accel_sim_original", None) is not None:
         return
@@ -53,7 +58,10 @@ def install(
     torch_internals.keep_dynamo_out_of("accel.sim")
     torch_internals.ask_python_for_dynamos_current_stream()  # torch 2.15 asks C++, which knows the hidden device
     torch_internals.around_dynamo_compiles(lambda: _starts(pause), lambda: _ends(resume))
-    torch.compile = _eager_compile(torch.compile)  # same call, simulated ranks only
+    if buffers is not None:
+        _models_inductor.append(True)
+    inductor = compiled_buffers.backend(wrapper_classes[0], buffers) if buffers is not None else EAGER_BACKEND
+    torch.compile = _eager_compile(torch.compile, inductor)  # same call, simulated ranks only
 
 
 def _on_inner(cls: type[wrapper.WrapperTensor], op: Any, *args: Any, **kwargs: Any) -> Any:
@@ -120,12 +128,12 @@ def _ends(resume: Callable[[], None]) -> None:
     resume()
 
 
-def _eager_compile(original: Callable[..., Any]) -> Callable[..., Any]:
+def _eager_compile(original: Callable[..., Any], inductor: Any) -> Callable[..., Any]:
     @functools.wraps(original)
     def compile(model: Any = None, **kwargs: Any) -> Any:
         backend = kwargs.get("backend", "inductor")
         if not callable(backend) or isinstance(backend, str):
-            kwargs = {**kwargs, "backend": EAGER_BACKEND}
+            kwargs = {**kwargs, "backend": inductor if backend == "inductor" else EAGER_BACKEND}
             kwargs.pop("mode", None)
             kwargs.pop("options", None)
             if not _asked:
@@ -145,7 +153,13 @@ def _say_once(backend: Any) -> None:
     print(
         "accel.sim: torch.compile traces with Dynamo as on the real device (graph breaks, recompilations and "
         f"fullgraph errors included); its graphs run eagerly on the simulated device, not through backend "
-        f"{backend!r}, whose code is written for real hardware",
+        f"{backend!r}, whose code is written for real hardware"
+        + (
+            "; their memory is counted as Inductor's kernels hold it (what its partitioner saves for backward; "
+            "intermediates it fuses take none)"
+            if backend == "inductor" and _models_inductor
+            else ""
+        ),
         file=sys.stderr,
         flush=True,
     )

@@ -226,6 +226,14 @@ INTERNALS: dict[str, str] = {
         "torch.cuda.memory._set_allocator_settings(...) reaches the simulated caching allocator"
     ),
     "torch._C._accelerator_getAllocatorSettings": "and the settings it took are read back",
+    "torch._dynamo.backends.common.aot_autograd": (
+        "compiled regions are traced forward and backward together as Inductor traces them (what backward keeps)"
+    ),
+    "torch._functorch.partitioners.min_cut_rematerialization_partition": (
+        "Inductor's partitioner chooses what a compiled region saves for backward"
+    ),
+    "torch._inductor.decomposition.select_decomp_table": "the ops Inductor decomposes before it partitions",
+    "torch._ops.OpOverload": "an op of a compiled region's graph, whose tags say how Inductor treats it",
 }
 
 
@@ -259,6 +267,8 @@ LAZY = (
     "torch._subclasses.",
     "torch._dynamo.",
     "torch._higher_order_ops.",
+    "torch._functorch.",
+    "torch._inductor.",
 )
 
 
@@ -1585,3 +1595,33 @@ def script_as_builtins(functions: dict[Any, str]) -> None:
 
     for function, op in functions.items():
         _builtins._register_builtin(function, op)
+
+
+def is_op(target: Any) -> bool:
+    """Whether an FX node's target is an ATen (or prims) op overload (`torch._ops.OpOverload`, private)."""
+    return isinstance(target, torch._ops.OpOverload)
+
+
+def aot_as_inductor(compiler: Callable[[Any, list], Any]) -> Callable[..., Any]:
+    """A Dynamo backend tracing as Inductor does before it writes kernels, each graph then given to `compiler`.
+
+    AOTAutograd (`aot_autograd`, private) traces forward and backward together with Inductor's
+    decompositions (`select_decomp_table`) and splits them with Inductor's partitioner
+    (`min_cut_rematerialization_partition` as `compile_fx` calls it), which chooses what the
+    forward saves for backward. No public API gives that choice; `accel.sim.core.compiled_buffers`
+    uses it to count compiled regions' memory as the card holds it.
+    """
+    import functools
+
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    return aot_autograd(
+        fw_compiler=compiler,
+        bw_compiler=compiler,
+        inference_compiler=compiler,
+        partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
+        decompositions=select_decomp_table(),
+        keep_inference_input_mutations=True,
+    )

@@ -44,7 +44,7 @@ import torch.cuda
 import torch.cuda.random
 
 from accel.backends.cuda import CUDABackend
-from accel.sim.core import carried, hidden, moves, torch_internals
+from accel.sim.core import carried, compiled_buffers, hidden, moves, torch_internals
 from accel.sim.core import compile as sim_compile
 from accel.sim.cuda import accelerator as cuda_accelerator
 from accel.sim.cuda import attention as cuda_attention
@@ -436,7 +436,9 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         cuda_group.register()
         torch_internals.record_no_flights_of(carried.PythonGroup)  # the simulated NCCL groups are Python's
         torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
-        sim_compile.install((cuda_tensor.SimCudaTensor,), cuda_memory.pause, cuda_memory.resume)
+        sim_compile.install(
+            (cuda_tensor.SimCudaTensor,), cuda_memory.pause, cuda_memory.resume, _compiled_buffers_runtime()
+        )
         torch.version.cuda = CUDA_VERSION  # a CPU build says None
         _registered.append(True)
     cuda_tensor.set_device_count(count)
@@ -491,3 +493,14 @@ class SimCUDABackend(CUDABackend):
     @classmethod
     def is_available(cls) -> bool:
         return is_installed()
+
+
+def _compiled_buffers_runtime() -> compiled_buffers.Runtime:
+    """How a compiled region's kept buffers are counted here: on the GPU's allocator, shapes only if on."""
+    return compiled_buffers.Runtime(
+        counting=cuda_memory.counts_memory,
+        count=cuda_memory.track,
+        align=lambda args, kwargs: cuda_shapes.align(args, kwargs, {}),
+        factory_device=lambda nbytes: torch.device("cpu" if cuda_shapes.keeps_data(nbytes) else "meta"),
+        generator=lambda index: cuda_state.gpus().generators[index],
+    )

@@ -673,6 +673,11 @@ def is_counting() -> bool:
     return bool(_devices)
 
 
+def counts_memory() -> bool:
+    """Whether this process counts its simulated GPUs' memory (paused while Dynamo compiles or not)."""
+    return bool(_devices or _paused)
+
+
 def counting_list() -> list[DeviceMemory]:
     """The list of allocators itself (changed in place): a cheap truth test for callers on hot paths."""
     return _devices

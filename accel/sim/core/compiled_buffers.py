@@ -1,0 +1,273 @@
+"""The memory of `torch.compile`'d code as Inductor's kernels take it, on a device that counts memory.
+
+Inductor changes what a compiled region holds on the card in two ways, and both are modelled
+here, so that a planned run that compiles its blocks or its loss is counted as the card counts
+it:
+
+1. **What backward keeps.** AOTAutograd traces forward and backward together, and Inductor's
+   partitioner (`min_cut_rematerialization_partition`) chooses which tensors the forward
+   saves: cheap ones (casts, pointwise chains) are recomputed in backward rather than kept.
+   This module runs the very same AOTAutograd, with Inductor's decompositions and that
+   partitioner, so the saved tensors are the ones Inductor would save.
+2. **What is never written.** Inductor fuses pointwise ops and reductions into kernels; an
+   intermediate read only inside its kernel is never a buffer. Of the partitioned graphs'
+   nodes, a result is counted (`kept_buffers`) when Inductor gives it a buffer: the result of
+   an op it calls out to (matmuls, attention, collectives, anything it cannot generate), the
+   inputs of such an op, a reduction's result, the result of an op that writes a buffer of
+   its own (`cat`, `index_put`, scans), and whatever the graph returns (outputs, saved
+   tensors). Pointwise ops, indexing and views, and everything fused into them, are not.
+
+The graphs run op by op on the data under the simulated tensors (the host's), and each kept
+result is counted on the simulated GPU until it is freed, through `Runtime.count`. Values are
+computed by the same ops as the eager run's after Inductor's decompositions (a decomposed
+op may round differently in the last bit, as Inductor's kernels do on the card).
+
+Regions the model does not cover run as Dynamo's graphs eagerly, counted op by op as eager
+code is (`covered`): DTensor inputs, collectives, tensors made on a device the graph names,
+higher-order ops (activation checkpointing included: under per-op selective checkpointing
+the partitioned graphs held 2.5 GiB more per GPU than eager checkpointing in torchtitan's
+Llama 3 8B, more than the card is known to hold, and why is not yet understood), and any
+region AOTAutograd cannot trace over the simulated tensors (one line on stderr says so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import fx
+
+from accel.sim.core import torch_internals
+
+#: ops Inductor generates inline (as pointwise loops): fused with their users, no buffer of their own
+_INLINED = frozenset(
+    {
+        "full", "full_like", "scalar_tensor", "zeros", "zeros_like", "ones", "ones_like", "empty", "empty_like",
+        "empty_strided", "iota", "arange", "gather", "scatter", "index", "index_select", "embedding", "where",
+        "constant_pad_nd", "slice_scatter", "select_scatter", "diagonal_scatter", "as_strided_scatter", "_to_copy",
+        "clone", "masked_fill", "repeat", "flip", "roll", "expand_copy", "permute_copy", "view_copy",
+        "squeeze_copy", "unsqueeze_copy", "lift_fresh_copy", "bernoulli", "rand", "rand_like", "randn",
+        "randn_like", "randint", "inductor_random", "inductor_seeds", "inductor_lookup_seed",
+    }
+)  # fmt: skip
+#: ops Inductor writes into a buffer of their own, without making their inputs buffers
+_OWN_BUFFER = frozenset({"cat", "index_put", "scatter_add", "scatter_reduce", "cumsum", "cumprod", "logcumsumexp"})
+#: higher-order ops the model covers (AOTAutograd inlines them)
+_COVERED_HOPS = frozenset({"wrap"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Runtime:
+    """What the device gives the model: whether it counts now, how a kept result is counted, the host side."""
+
+    counting: Callable[[], bool]
+    #: count the storage of an inner (host) tensor on simulated device `index` until it is freed
+    count: Callable[[torch.Tensor, int], None]
+    #: an op's inner arguments made fit to run together (shapes-only devices: all without data if any is)
+    align: Callable[[list, dict], tuple[list, dict]] = lambda args, kwargs: (args, kwargs)
+    #: where a tensor made by a factory op in the graph goes on the host, given its bytes
+    factory_device: Callable[[int], torch.device] = lambda nbytes: torch.device("cpu")
+    #: the generator random ops of device `index` draw from
+    generator: Callable[[int], torch.Generator] | None = None
+
+
+def backend(cls: type, runtime: Runtime) -> Callable[..., Any]:
+    """A Dynamo backend for regions of `cls` tensors that Inductor would compile: modelled as above."""
+
+    def inductor_buffers(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+        index = _device_index(cls, example_inputs)
+        if index is None or not runtime.counting() or not covered(gm):
+            return gm.forward  # Dynamo's "eager" backend: the graph op by op, counted as eager code is
+        try:
+            return torch_internals.aot_as_inductor(_compiler(runtime, index))(gm, example_inputs)
+        except Exception as error:  # the region's ops the simulator cannot trace this way (its attention's)
+            _counted_as_eager(error)
+            return gm.forward
+
+    return inductor_buffers
+
+
+#: why regions were counted op by op after AOTAutograd could not trace them (the first line of each error)
+fallbacks: list[str] = []
+
+
+def _counted_as_eager(error: Exception) -> None:
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+    if not fallbacks:
+        print(
+            "accel.sim: a compiled region's memory is counted op by op, as eager code's: it could not be traced "
+            f"as Inductor traces it on the simulated device ({type(error).__name__}: {reason[:200]})",
+            file=sys.stderr,
+            flush=True,
+        )
+    fallbacks.append(reason)
+
+
+def _device_index(cls: type, example_inputs: Iterable[Any]) -> int | None:
+    """The simulated device of the region's tensors; None when one is not a plain `cls` tensor (a DTensor)."""
+    index = None
+    for value in example_inputs:
+        if not isinstance(value, torch.Tensor):
+            continue
+        if not isinstance(value, cls):
+            return None
+        index = value.device.index or 0 if index is None else index
+    return index
+
+
+def covered(gm: fx.GraphModule) -> bool:
+    """Whether the model covers Dynamo graph `gm`: no collectives, no higher-order op (but `wrap`), and
+    no tensor made on (or moved to) a device the graph names: AOTAutograd would make it a plain fake tensor
+    of that device, not a simulated one."""
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        if any(_names_a_device(value) for value in (*node.args, *node.kwargs.values())):
+            return False
+        target = node.target
+        module = getattr(target, "__module__", "") or ""
+        if module.startswith("torch.distributed") or "c10d" in str(target):
+            return False
+        hop = getattr(target, "namespace", None) == "higher_order"
+        if hop and getattr(target, "__name__", "") not in _COVERED_HOPS:
+            return False
+    return True
+
+
+def _names_a_device(value: Any) -> bool:
+    if isinstance(value, torch.device):
+        return value.type != "cpu"
+    if isinstance(value, str):
+        return value.split(":")[0] in ("cuda", "xla", "meta")
+    if isinstance(value, (list, tuple)):
+        return any(_names_a_device(item) for item in value)
+    return False
+
+
+def _compiler(runtime: Runtime, index: int) -> Callable[[fx.GraphModule, list], Callable[..., Any]]:
+    def compile_graph(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+        kept = kept_buffers(gm.graph)
+
+        def run(args: list) -> Any:
+            # boxed: the interpreter empties `args`, so that each input (a saved tensor in backward) is freed
+            # after its last use, as Inductor's code frees it, not when the whole graph has run
+            return _Runner(gm, kept, runtime, index).boxed_run(args)
+
+        run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd hands the arguments as a list
+        return run
+
+    return compile_graph
+
+
+def _kind(target: Any) -> str:
+    """How Inductor treats an op: view, mutation, fused (pointwise and inlined), reduction, own (a buffer of
+    its own, inputs fused), extern (called out to: a buffer for its result and its inputs)."""
+    if target is operator.getitem:
+        return "view"
+    if not torch_internals.is_op(target):
+        return "extern"
+    if target.is_view:
+        return "view"
+    if target._schema.is_mutable:
+        return "mutation"
+    tags = target.tags
+    name = target._schema.name.split("::")[-1]
+    if torch.Tag.pointwise in tags or torch.Tag.nondeterministic_seeded in tags or name in _INLINED:
+        return "fused"
+    if torch.Tag.reduction in tags:
+        return "reduction"
+    if name in _OWN_BUFFER:
+        return "own"
+    return "extern"
+
+
+def kept_buffers(graph: fx.Graph) -> set[fx.Node]:
+    """The nodes of an AOTAutograd graph whose results Inductor writes to buffers (see the module's text)."""
+    base: dict[fx.Node, fx.Node] = {}  # a view (or an in-place op's result) -> the node owning its storage
+
+    def owner(node: Any) -> Any:
+        return base.get(node, node)
+
+    kept: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "output":
+            kept.update(owner(arg) for arg in _nodes(node.args))
+            continue
+        if node.op != "call_function":
+            continue
+        kind = _kind(node.target)
+        first = next(iter(_nodes(node.args)), None)
+        if kind in ("view", "mutation") and first is not None:
+            base[node] = owner(first)
+        elif kind == "extern":
+            kept.add(node)
+            kept.update(owner(arg) for arg in _nodes((node.args, node.kwargs)))
+        elif kind in ("reduction", "own"):
+            kept.add(node)
+    return {node for node in kept if isinstance(node, fx.Node) and node.op == "call_function"}
+
+
+def _nodes(values: Any) -> list[fx.Node]:
+    found: list[fx.Node] = []
+    fx.node.map_arg(values, found.append)
+    return found
+
+
+class _Runner(fx.Interpreter):
+    """Runs a partitioned graph on the host tensors; counts the results Inductor keeps in buffers."""
+
+    def __init__(self, gm: fx.GraphModule, kept: set[fx.Node], runtime: Runtime, index: int) -> None:
+        super().__init__(gm, garbage_collect_values=True)
+        self.kept, self.runtime, self.index = kept, runtime, index
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if torch_internals.is_op(target):
+            args, kwargs = self.runtime.align(list(args), dict(kwargs))
+            if target is torch.ops.prims.device_put.default:
+                return args[0].clone()  # between the simulated device and itself: the host holds both
+            kwargs = self._placed(args, kwargs)
+            if torch.Tag.nondeterministic_seeded in target.tags and self.runtime.generator is not None:
+                return _drawing_from(self.runtime.generator(self.index), target, args, kwargs)
+        return super().call_function(target, tuple(args), kwargs)
+
+    def _placed(self, args: list, kwargs: dict) -> dict:
+        # a factory in the graph names the host (the graph was traced on the simulated tensors' data); a
+        # tensor without data (shapes only) makes one without data
+        node = self.current_node
+        if "device" not in kwargs or not isinstance(node.meta.get("val"), torch.Tensor):
+            return kwargs
+        if any(t.is_meta for t in _tensors(args)):
+            return {**kwargs, "device": torch.device("meta")}
+        value = node.meta["val"]
+        return {**kwargs, "device": self.runtime.factory_device(value.numel() * value.element_size())}
+
+    def run_node(self, node: fx.Node) -> Any:
+        self.current_node = node
+        result = super().run_node(node)
+        if node in self.kept:
+            for value in _tensors(result):
+                self.runtime.count(value, self.index)
+        return result
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _drawing_from(generator: torch.Generator, op: Any, args: Any, kwargs: dict) -> Any:
+    """Random op `op` drawing from the simulated device's generator, as the device's eager ops do."""
+    saved = torch.get_rng_state()
+    torch.set_rng_state(generator.get_state())
+    try:
+        return op(*args, **kwargs)
+    finally:
+        generator.set_state(torch.get_rng_state())
+        torch.set_rng_state(saved)

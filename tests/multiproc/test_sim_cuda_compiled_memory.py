@@ -1,0 +1,108 @@
+"""The memory of compiled regions on simulated GPUs, as Inductor's kernels hold it (accel/sim/core/compiled_buffers.py).
+
+A compiled region keeps what Inductor's partitioner saves for backward, and the intermediates
+Inductor fuses take no memory; regions the model does not cover are counted as eager code.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from accel.sim.core import compiled_buffers
+from harness import distributed_test
+
+MiB = 1 << 20
+VOCAB, TOKENS, HIDDEN = 32000, 2048, 64
+LOGITS_BF16 = VOCAB * TOKENS * 2  # 125 MiB; in float32 250 MiB
+
+
+def _loss_step(compiled):
+    """One step of an output projection and a cross-entropy in float32 (as LLM trainers compute the loss)."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(HIDDEN, VOCAB, bias=False, device="cuda", dtype=torch.bfloat16)
+
+    def loss_fn(x, y):
+        return F.cross_entropy(head(x).float(), y)
+
+    step = torch.compile(loss_fn) if compiled else loss_fn
+    x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    y = torch.randint(0, VOCAB, (TOKENS,), device="cuda")
+    step(x, y).backward()  # compiles (when compiled): its memory is not the step's
+    head.weight.grad = None
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss = step(x, y)
+    held = torch.cuda.memory_allocated() - base
+    loss.backward()
+    peak = torch.cuda.max_memory_allocated() - base
+    return held, peak, loss.item(), head.weight.grad.float().cpu()
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_a_compiled_loss_holds_what_inductors_partitioner_saves_not_the_float32_logits(rank):
+    eager_held, eager_peak, eager_loss, eager_grad = _loss_step(compiled=False)
+    held, peak, loss, grad = _loss_step(compiled=True)
+    # eager autograd keeps log_softmax's float32 output for backward; Inductor's partitioner saves the
+    # bfloat16 logits (and two per-row statistics) and recomputes the rest in its fused backward kernel
+    assert 2 * LOGITS_BF16 <= eager_held <= 2 * LOGITS_BF16 + MiB
+    assert LOGITS_BF16 <= held <= LOGITS_BF16 + 2 * MiB
+    # the float32 upcast, log-softmax and their gradients are fused: never a buffer
+    assert eager_peak >= 5 * LOGITS_BF16 and peak <= 2 * LOGITS_BF16 + 8 * MiB, (eager_peak, peak)
+    assert abs(loss - eager_loss) < 1e-4
+    torch.testing.assert_close(grad, eager_grad, atol=1e-3, rtol=1e-2)
+
+
+def _checkpointed_step(compiled):
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).cuda()
+
+    def f(x):
+        return checkpoint(block, x, use_reentrant=False).square().mean()
+
+    step = torch.compile(f) if compiled else f
+    x = torch.randn(512, 256, device="cuda", requires_grad=True)
+    step(x).backward()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step(x).backward()
+    return torch.cuda.max_memory_allocated() - base
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_a_checkpointed_region_is_counted_as_eager_code(rank):
+    # activation checkpointing is a region the model does not cover: its graph runs op by op, counted so
+    assert _checkpointed_step(compiled=True) == _checkpointed_step(compiled=False)
+
+
+def test_inductor_keeps_extern_results_their_inputs_reductions_and_outputs_not_fused_intermediates():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def region(x, w):
+        scores = torch.mm(x.float().exp() * 2, w)  # the mm's input (the fused exp * 2) is written once
+        return scores.relu().sum(1), scores.sigmoid().neg()
+
+    graph = make_fx(region)(torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8, 16)).graph
+    kept = {str(node.target) for node in compiled_buffers.kept_buffers(graph)}
+    assert kept == {"aten.mul.Tensor", "aten.mm.default", "aten.sum.dim_IntList", "aten.neg.default"}, kept
+
+
+def _made_on(device):
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(torch.add, (x, graph.call_function(torch.ones, (3,), {"device": device}))))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_regions_with_collectives_other_devices_or_higher_order_ops_are_not_covered():
+    assert compiled_buffers.covered(fx.symbolic_trace(lambda x: torch.sin(x) * 2))
+    assert compiled_buffers.covered(_made_on(torch.device("cpu")))
+    # AOTAutograd would make these plain fake tensors of that device, not simulated ones
+    assert not compiled_buffers.covered(_made_on(torch.device("cuda", 0)))
+    assert not compiled_buffers.covered(fx.symbolic_trace(lambda x: x.to("cuda:1")))
+
+    graph = fx.Graph()
+    reduce = torch.ops._c10d_functional.all_reduce.default
+    graph.output(graph.call_function(reduce, (graph.placeholder("x"), "sum", "0")))
+    assert not compiled_buffers.covered(fx.GraphModule(torch.nn.Module(), graph))
