@@ -106,3 +106,18 @@ def test_regions_with_collectives_other_devices_or_higher_order_ops_are_not_cove
     reduce = torch.ops._c10d_functional.all_reduce.default
     graph.output(graph.call_function(reduce, (graph.placeholder("x"), "sum", "0")))
     assert not compiled_buffers.covered(fx.GraphModule(torch.nn.Module(), graph))
+
+
+def test_moves_between_the_device_and_itself_leave_the_joint_graph():
+    # the host's copies between a simulated device's own tensors (with and without data) are no op on the
+    # card; left in, Inductor's partitioner would not recompute through them
+    graph, aten, put = fx.Graph(), torch.ops.aten, torch.ops.prims.device_put.default
+    exp = graph.call_function(aten.exp.default, (graph.placeholder("x"),))
+    moved = graph.call_function(put, (graph.call_function(put, (exp, torch.device("meta"))), torch.device("cpu")))
+    graph.output(graph.call_function(aten.sin.default, (moved,)))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    compiled_buffers.drop_moves_within_the_device(gm)
+    targets = [node.target for node in gm.graph.nodes if node.op == "call_function"]
+    assert targets == [torch.ops.aten.exp.default, torch.ops.aten.sin.default], targets
+    x = torch.randn(4)
+    torch.testing.assert_close(gm(x), x.exp().sin())

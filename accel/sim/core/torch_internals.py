@@ -1602,14 +1602,17 @@ def is_op(target: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload)
 
 
-def aot_as_inductor(compiler: Callable[[Any, list], Any]) -> Callable[..., Any]:
+def aot_as_inductor(
+    compiler: Callable[[Any, list], Any], before_partition: Callable[[Any], None] = lambda gm: None
+) -> Callable[..., Any]:
     """A Dynamo backend tracing as Inductor does before it writes kernels, each graph then given to `compiler`.
 
     AOTAutograd (`aot_autograd`, private) traces forward and backward together with Inductor's
     decompositions (`select_decomp_table`) and splits them with Inductor's partitioner
     (`min_cut_rematerialization_partition` as `compile_fx` calls it), which chooses what the
     forward saves for backward. No public API gives that choice; `accel.sim.core.compiled_buffers`
-    uses it to count compiled regions' memory as the card holds it.
+    uses it to count compiled regions' memory as the card holds it. `before_partition(joint_graph_module)`
+    may rewrite the joint graph first, as Inductor's own joint-graph passes do.
     """
     import functools
 
@@ -1621,7 +1624,12 @@ def aot_as_inductor(compiler: Callable[[Any, list], Any]) -> Callable[..., Any]:
         fw_compiler=compiler,
         bw_compiler=compiler,
         inference_compiler=compiler,
-        partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
+        partition_fn=functools.partial(_partition_as_inductor, min_cut_rematerialization_partition, before_partition),
         decompositions=select_decomp_table(),
         keep_inference_input_mutations=True,
     )
+
+
+def _partition_as_inductor(partition: Any, before: Callable[[Any], None], joint: Any, *args: Any, **kwargs: Any) -> Any:
+    before(joint)
+    return partition(joint, *args, compiler="inductor", **kwargs)

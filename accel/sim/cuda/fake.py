@@ -503,4 +503,28 @@ def _compiled_buffers_runtime() -> compiled_buffers.Runtime:
         align=lambda args, kwargs: cuda_shapes.align(args, kwargs, {}),
         factory_device=lambda nbytes: torch.device("cpu" if cuda_shapes.keeps_data(nbytes) else "meta"),
         generator=lambda index: cuda_state.gpus().generators[index],
+        runs_on_device=_runs_on_device,
+        on_device=_on_simulated_gpu,
     )
+
+
+#: ops handled apart on a simulated GPU (`cuda_tensor.add_special`) that the host runs as well
+_HOST_RUNS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_local_scalar_dense", "aten::record_stream"})
+
+
+def _runs_on_device(op: Any) -> bool:
+    """Whether a compiled graph's op runs as the simulated GPU runs it: attention, matmuls (their memory)."""
+    return op in cuda_tensor.SimCudaTensor._special and op._schema.name not in _HOST_RUNS
+
+
+def _on_simulated_gpu(op: Any, args: list, kwargs: dict, index: int) -> Any:
+    """`op` on host tensors `args` run on simulated GPU `index`, its results the host tensors under them."""
+    from torch.utils._pytree import tree_map
+
+    def on_gpu(value: Any) -> Any:
+        return cuda_tensor.wrap(value, index) if type(value) is torch.Tensor else value
+
+    def on_host(value: Any) -> Any:
+        return cuda_tensor.unwrap(value) if cuda_tensor.is_simulated_cuda(value) else value
+
+    return tree_map(on_host, op(*tree_map(on_gpu, args), **tree_map(on_gpu, kwargs)))
