@@ -166,10 +166,10 @@ def drop_moves_within_the_device(gm: fx.GraphModule) -> None:
     tensor instead (torchtitan's RMSNorm outputs: 64 MiB per norm of Llama 3 8B at sequence 8192).
     """
     for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is torch.ops.prims.device_put.default:
-            if torch.device(node.args[1]).type in ("cpu", "meta") and isinstance(node.args[0], fx.Node):
-                node.replace_all_uses_with(node.args[0])
-                gm.graph.erase_node(node)
+        put = node.op == "call_function" and node.target is torch.ops.prims.device_put.default
+        if put and torch.device(node.args[1]).type in ("cpu", "meta") and isinstance(node.args[0], fx.Node):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
     gm.recompile()
 
 
