@@ -10,8 +10,10 @@ Sections: the card; `memory_sequence`; the same under expandable segments switch
 (`expandable_segments`); errors; autocast's dtypes; training peaks; with a process group (torchrun),
 FSDP2 steps (`fsdp2_peak`); grouped-query attention by SDPA, default and FLASH / EFFICIENT forced
 (`gqa_attention`); a small bf16 Llama under FSDP2, without and with selective activation
-checkpointing (`fsdp2_sac_llama`). ``--skip gqa_attention fsdp2_sac_llama`` leaves out the last two
-(slow to simulate; they run after the others, so the others' numbers do not change).
+checkpointing (`fsdp2_sac_llama`); a compiled float32 loss and a compiled MLP block against eager
+(`compiled_regions`: what Inductor's kernels hold). ``--skip gqa_attention fsdp2_sac_llama
+compiled_regions`` leaves out the last three (slow to simulate; they run after the others, so the
+others' numbers do not change).
 
 Recording a real card (the next session lent an H100 or H200; the device machine's plain ``python3``
 holds a CUDA torch, 2.11 when last seen, which the record notes under "torch"). One `run` call from the
@@ -29,9 +31,9 @@ card it is on (``o=$OUT/gpu_probe_h100_real`` on an H100)::
 Then copy the files from the reply's files_at into tests/data/ (for an H200 they replace the records
 there; ``git diff tests/data`` should change no old key's value, or find out why) and run
 ``.venv/bin/python -m pytest -q tests/test_gpu_probe.py`` here: the tests compare the new sections
-where the record has them (expandable_segments, gqa_attention, fsdp2_sac_llama) and otherwise check the
-simulated run only for consistency. An H100's records (gpu_probe_h100_real*.json) are not read by the
-tests yet: compare by hand with ``.venv/bin/accel launch --simulate cuda --gpu H100 --num_processes 1
+where the record has them (expandable_segments, gqa_attention, fsdp2_sac_llama, compiled_regions) and
+otherwise check the simulated run only for consistency. An H100's records (gpu_probe_h100_real*.json)
+are not read by the tests yet: compare by hand with ``.venv/bin/accel launch --simulate cuda --gpu H100 --num_processes 1
 tests/programs/gpu_probe.py --out sim.json``.
 """
 
@@ -335,11 +337,52 @@ def fsdp2_sac_llama(device: torch.device) -> dict[str, object]:
     return found
 
 
+def compiled_regions(device: torch.device) -> dict[str, object]:
+    """Memory of compiled regions as Inductor's kernels hold it: a float32 cross-entropy over bf16 logits and
+    a small bf16 MLP block, each eager and compiled (default backend): bytes held for backward after the
+    forward, and the step's peak, over what was allocated before it (after one step that compiles)."""
+    found: dict[str, object] = {}
+    vocab, tokens, hidden = 32000, 2048, 64
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        head = nn.Linear(hidden, vocab, bias=False).to(device, torch.bfloat16)
+        block = mlp(256).to(device, torch.bfloat16)
+
+        def loss_fn(x: torch.Tensor, y: torch.Tensor, head: nn.Module = head) -> torch.Tensor:
+            return F.cross_entropy(head(x).float(), y)
+
+        def block_fn(x: torch.Tensor, block: nn.Module = block) -> torch.Tensor:
+            return F.gelu(block(x)).float().square().mean()
+
+        for name, fn, inputs in (
+            ("loss", loss_fn, (torch.randn(tokens, hidden), torch.randint(0, vocab, (tokens,)))),
+            ("block", block_fn, (torch.randn(4096, 256),)),
+        ):
+            step = torch.compile(fn) if compiled else fn
+            args = [t.to(device, torch.bfloat16) if t.is_floating_point() else t.to(device) for t in inputs]
+            step(*args).backward()  # compiles
+            torch.cuda.synchronize(device)
+            base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            loss = step(*args)
+            held = torch.cuda.memory_allocated(device) - base
+            loss.backward()
+            torch.cuda.synchronize(device)
+            key = f"{name}_{'compiled' if compiled else 'eager'}"
+            found[key] = {"held": held, "peak": torch.cuda.max_memory_allocated(device) - base, "loss": loss.item()}
+            del loss
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["gqa_attention", "fsdp2_sac_llama"], help="(slow to simulate)"
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=["gqa_attention", "fsdp2_sac_llama", "compiled_regions"],
+        help="(slow to simulate)",
     )
     args = parser.parse_args()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -368,6 +411,8 @@ def main() -> None:
         record["gqa_attention"] = gqa_attention(device)
     if dist.is_initialized() and "fsdp2_sac_llama" not in args.skip:
         record["fsdp2_sac_llama"] = fsdp2_sac_llama(device)
+    if "compiled_regions" not in args.skip:
+        record["compiled_regions"] = compiled_regions(device)
     if dist.is_initialized():
         dist.destroy_process_group()
     with open(args.out, "w") as handle:
