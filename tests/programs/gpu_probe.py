@@ -33,8 +33,8 @@ there; ``git diff tests/data`` should change no old key's value, or find out why
 ``.venv/bin/python -m pytest -q tests/test_gpu_probe.py`` here: the tests compare the new sections
 where the record has them (expandable_segments, gqa_attention, fsdp2_sac_llama, compiled_regions) and
 otherwise check the simulated run only for consistency. An H100's records (gpu_probe_h100_real*.json)
-are not read by the tests yet: compare by hand with ``.venv/bin/accel launch --simulate cuda --gpu H100 --num_processes 1
-tests/programs/gpu_probe.py --out sim.json``.
+are not read by the tests yet: compare by hand with ``.venv/bin/accel launch --simulate cuda --gpu H100
+--num_processes 1 tests/programs/gpu_probe.py --out sim.json``.
 """
 
 from __future__ import annotations
