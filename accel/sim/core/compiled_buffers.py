@@ -23,18 +23,20 @@ computed by the same ops as the eager run's after Inductor's decompositions (a d
 op may round differently in the last bit, as Inductor's kernels do on the card).
 
 Regions the model does not cover run as Dynamo's graphs eagerly, counted op by op as eager
-code is (`covered`): DTensor inputs, collectives, tensors made on a device the graph names,
-higher-order ops (activation checkpointing included: given torchtitan's per-op selective
-checkpointing tags, the partitioner saves each RMSNorm's output and the rotated q and k of a
-Llama 3 8B block, 80 MiB more per block at sequence 8192 than eager checkpointing keeps, and
-2.5 GiB more per GPU over 32 blocks, where the published compiled runs held less than eager
-ones; until a real GPU shows what Inductor keeps there, such regions are counted as eager
-code), and any region AOTAutograd cannot trace over the simulated tensors (one line on
-stderr says so).
+code is (`covered`): DTensor inputs, collectives, functorch transforms (vmap), tensors moved
+to a device the graph names (a factory naming the device, `torch.arange(n, device=x.device)`,
+is covered), higher-order ops (activation checkpointing included: given torchtitan's per-op
+selective checkpointing tags, the partitioner saves each RMSNorm's output and the rotated q
+and k of a Llama 3 8B block, 80 MiB more per block at sequence 8192 than eager checkpointing
+keeps, and 2.5 GiB more per GPU over 32 blocks, where the published compiled runs held less
+than eager ones; until a real GPU shows what Inductor keeps there, such regions are counted
+as eager code), and any region AOTAutograd cannot trace over the simulated tensors (one line
+on stderr says so).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import operator
 import sys
@@ -76,6 +78,8 @@ class Runtime:
     factory_device: Callable[[int], torch.device] = lambda nbytes: torch.device("cpu")
     #: the generator random ops of device `index` draw from
     generator: Callable[[int], torch.Generator] | None = None
+    #: a host tensor shown on simulated device `index` (storage shared): how factories naming it are traced
+    adopt: Callable[[torch.Tensor, int], torch.Tensor] | None = None
     #: whether an op runs as the simulated device runs it (its kernels: attention, matmuls with their
     #: workspaces) rather than on the host tensors; `on_device(op, args, kwargs, index)` runs it so
     runs_on_device: Callable[[Any], bool] = lambda op: False
@@ -87,11 +91,14 @@ def backend(cls: type, runtime: Runtime) -> Callable[..., Any]:
 
     def inductor_buffers(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         index = _device_index(cls, example_inputs)
-        if index is None or not runtime.counting() or not covered(gm):
+        if index is None or not runtime.counting():
             return gm.forward  # Dynamo's "eager" backend: the graph op by op, counted as eager code is
+        traced = _factories_made_on_device(gm, runtime, index)
+        if not covered(traced):
+            return gm.forward
         try:
             aot = torch_internals.aot_as_inductor(_compiler(runtime, index), drop_moves_within_the_device)
-            return aot(gm, example_inputs)
+            return aot(traced, example_inputs)
         except Exception as error:  # the region's ops the simulator cannot trace this way (its attention's)
             _counted_as_eager(error)
             return gm.forward
@@ -128,7 +135,8 @@ def _device_index(cls: type, example_inputs: Iterable[Any]) -> int | None:
 
 
 def covered(gm: fx.GraphModule) -> bool:
-    """Whether the model covers Dynamo graph `gm`: no collectives, no higher-order op (but `wrap`), and
+    """Whether the model covers Dynamo graph `gm`: no collectives, no functorch transforms (vmap), no
+    higher-order op (but `wrap`), and
     no tensor made on (or moved to) a device the graph names: AOTAutograd would make it a plain fake tensor
     of that device, not a simulated one."""
     for node in gm.graph.nodes:
@@ -140,10 +148,49 @@ def covered(gm: fx.GraphModule) -> bool:
         module = getattr(target, "__module__", "") or ""
         if module.startswith("torch.distributed") or "c10d" in str(target):
             return False
+        if "functorch" in module or "functorch" in str(target):  # vmap's levels (flex attention's masks)
+            return False
         hop = getattr(target, "namespace", None) == "higher_order"
         if hop and getattr(target, "__name__", "") not in _COVERED_HOPS:
             return False
     return True
+
+
+class _MadeOnDevice:
+    """A factory op of a Dynamo graph that names a simulated device, made as the device makes it: on the
+    host, then shown on the device (`Runtime.adopt`). AOTAutograd then traces it as one of the region's
+    tensors, where the factory itself would give a plain fake tensor of that device."""
+
+    def __init__(self, adopt: Callable[[torch.Tensor, int], torch.Tensor], factory: Any, index: int) -> None:
+        self.adopt, self.factory, self.index = adopt, factory, index
+        self.__name__ = f"{getattr(factory, '__name__', 'factory')}_on_simulated_device"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.adopt(self.factory(*args, **kwargs, device=torch.device("cpu")), self.index)
+
+
+def _factories_made_on_device(gm: fx.GraphModule, runtime: Runtime, index: int) -> fx.GraphModule:
+    """`gm`, or a copy whose factory calls naming the device (`device=` only) are `_MadeOnDevice`'s."""
+    if runtime.adopt is None:
+        return gm
+    found = [
+        node
+        for node in gm.graph.nodes
+        if node.op == "call_function"
+        and _names_a_device(node.kwargs.get("device"))
+        and not any(_names_a_device(value) for value in node.args)
+    ]
+    if not found:
+        return gm
+    graph = copy.deepcopy(gm.graph)
+    names = {node.name for node in found}
+    for node in graph.nodes:
+        if node.op == "call_function" and node.name in names:
+            kwargs = dict(node.kwargs)
+            named = torch.device(kwargs.pop("device")).index
+            node.target = _MadeOnDevice(runtime.adopt, node.target, index if named is None else named)
+            node.kwargs = kwargs
+    return fx.GraphModule(gm, graph)
 
 
 def _names_a_device(value: Any) -> bool:

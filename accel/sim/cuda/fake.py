@@ -503,6 +503,7 @@ def _compiled_buffers_runtime() -> compiled_buffers.Runtime:
         align=lambda args, kwargs: cuda_shapes.align(args, kwargs, {}),
         factory_device=lambda nbytes: torch.device("cpu" if cuda_shapes.keeps_data(nbytes) else "meta"),
         generator=lambda index: cuda_state.gpus().generators[index],
+        adopt=cuda_tensor.wrap,
         runs_on_device=_runs_on_device,
         on_device=_on_simulated_gpu,
     )
