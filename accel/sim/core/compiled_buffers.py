@@ -140,8 +140,8 @@ def covered(gm: fx.GraphModule) -> bool:
     no tensor made on (or moved to) a device the graph names: AOTAutograd would make it a plain fake tensor
     of that device, not a simulated one."""
     for node in gm.graph.nodes:
-        if node.op not in ("call_function", "call_method"):
-            continue
+        if node.op != "call_function":
+            continue  # (a method: `x.to(device)` of a simulated tensor is the simulator's own move)
         if any(_names_a_device(value) for value in (*node.args, *node.kwargs.values())):
             return False
         target = node.target
