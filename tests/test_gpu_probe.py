@@ -131,6 +131,14 @@ def test_fsdp2_with_selective_activation_checkpointing(simulated):
     sim = simulated["fsdp2_sac_llama"]
     if "fsdp2_sac_llama" in REAL:
         for mode, real in REAL["fsdp2_sac_llama"].items():
+            if mode.endswith("_compiled"):
+                # Inductor's buffers are modelled, not replayed (accel/sim/core/compiled_buffers.py); checkpointed
+                # compiled blocks are counted as eager code: this record says how far that is from the card
+                assert all(
+                    math.isclose(s, r, rel_tol=5e-2)
+                    for s, r in zip(sim[mode]["peak_allocated"], real["peak_allocated"], strict=True)
+                ), (mode, sim[mode]["peak_allocated"], real["peak_allocated"])
+                continue
             assert sim[mode]["peak_allocated"] == real["peak_allocated"], mode
             assert sim[mode]["peak_reserved"] == real["peak_reserved"], mode
             assert all(
@@ -142,6 +150,10 @@ def test_fsdp2_with_selective_activation_checkpointing(simulated):
     assert all(math.isclose(a, b, rel_tol=1e-2) for a, b in zip(plain["losses"], selective["losses"], strict=True))
     # recomputing the norms, activations and products saves their memory in every step
     assert all(s < p for s, p in zip(selective["peak_allocated"], plain["peak_allocated"], strict=True))
+    # compiled blocks keep what Inductor's partitioner saves and write no fused intermediate
+    compiled = sim["no_ac_compiled"]
+    assert all(math.isclose(a, b, rel_tol=1e-2) for a, b in zip(plain["losses"], compiled["losses"], strict=True))
+    assert all(c < p for c, p in zip(compiled["peak_allocated"], plain["peak_allocated"], strict=True))
     # (reserved memory is not compared: the second run reuses what the first left cached)
 
 

@@ -10,7 +10,8 @@ Sections: the card; `memory_sequence`; the same under expandable segments switch
 (`expandable_segments`); errors; autocast's dtypes; training peaks; with a process group (torchrun),
 FSDP2 steps (`fsdp2_peak`); grouped-query attention by SDPA, default and FLASH / EFFICIENT forced
 (`gqa_attention`); a small bf16 Llama under FSDP2, without and with selective activation
-checkpointing (`fsdp2_sac_llama`); a compiled float32 loss and a compiled MLP block against eager
+checkpointing, eager and with compiled blocks (`fsdp2_sac_llama`: on the card, whether Inductor keeps
+more than eager checkpointing under per-op SAC tags, which the simulator does not yet model); a compiled float32 loss and a compiled MLP block against eager
 (`compiled_regions`: what Inductor's kernels hold). ``--skip gqa_attention fsdp2_sac_llama
 compiled_regions`` leaves out the last three (slow to simulate; they run after the others, so the
 others' numbers do not change).
@@ -305,18 +306,20 @@ def llama(vocab: int, blocks: int, selective: bool) -> nn.Module:
 
 def fsdp2_sac_llama(device: torch.device) -> dict[str, object]:
     """A small bf16 Llama, FSDP2 per block and at the root (one rank), 3 AdamW steps without activation
-    checkpointing and with selective (per-op) checkpointing: peak allocated (over the start) and reserved
-    of each step, and the losses."""
+    checkpointing and with selective (per-op) checkpointing, each eager and with every block compiled
+    (Inductor, on the card): peak allocated (over the start) and reserved of each step, and the losses."""
     from torch.distributed.fsdp import fully_shard
 
     vocab, blocks = 512, 2
     found: dict[str, object] = {}
-    for mode in ("no_ac", "selective_ac"):
+    for mode in ("no_ac", "selective_ac", "no_ac_compiled", "selective_ac_compiled"):
         torch.cuda.empty_cache()
         start = torch.cuda.memory_allocated(device)
-        model = llama(vocab, blocks, selective=mode == "selective_ac").to(device)
-        for block in model[1 : blocks + 1]:
-            fully_shard(block)
+        model = llama(vocab, blocks, selective=mode.startswith("selective_ac")).to(device)
+        for i in range(1, blocks + 1):
+            if mode.endswith("_compiled"):  # each block compiled, then sharded, as torchtitan does
+                model[i] = torch.compile(model[i])
+            fully_shard(model[i])
         fully_shard(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         generator = torch.Generator().manual_seed(4)
