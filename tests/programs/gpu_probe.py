@@ -10,11 +10,11 @@ Sections: the card; `memory_sequence`; the same under expandable segments switch
 (`expandable_segments`); errors; autocast's dtypes; training peaks; with a process group (torchrun),
 FSDP2 steps (`fsdp2_peak`); grouped-query attention by SDPA, default and FLASH / EFFICIENT forced
 (`gqa_attention`); a small bf16 Llama under FSDP2, without and with selective activation
-checkpointing, eager and with compiled blocks (`fsdp2_sac_llama`: on the card, whether Inductor keeps
-more than eager checkpointing under per-op SAC tags, which the simulator does not yet model); a compiled float32 loss and a compiled MLP block against eager
-(`compiled_regions`: what Inductor's kernels hold). ``--skip gqa_attention fsdp2_sac_llama
-compiled_regions`` leaves out the last three (slow to simulate; they run after the others, so the
-others' numbers do not change).
+checkpointing, eager and with compiled blocks (`fsdp2_sac_llama`: on the card, whether Inductor
+keeps more than eager checkpointing under per-op SAC tags, which the simulator does not yet model);
+a compiled float32 loss and a compiled MLP block against eager (`compiled_regions`: what Inductor's
+kernels hold). ``--skip gqa_attention fsdp2_sac_llama compiled_regions`` leaves out the last three
+(slow to simulate; they run after the others, so the others' numbers do not change).
 
 Recording a real card (the next session lent an H100 or H200; the device machine's plain ``python3``
 holds a CUDA torch, 2.11 when last seen, which the record notes under "torch"). One `run` call from the
