@@ -86,7 +86,10 @@ def _checkpointed_step(compiled):
     from torch.utils.checkpoint import checkpoint
 
     torch.manual_seed(0)
-    block = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).cuda()
+    up, down = torch.nn.Linear(256, 1024).cuda(), torch.nn.Linear(1024, 256).cuda()
+
+    def block(x):
+        return down(up(x).sigmoid().mul(2).sin())
 
     def f(x):
         return checkpoint(block, x, use_reentrant=False).square().mean()
@@ -104,6 +107,28 @@ def _checkpointed_step(compiled):
 def test_a_checkpointed_region_is_counted_as_eager_code(rank):
     # activation checkpointing is a region the model does not cover: its graph runs op by op, counted so
     assert _checkpointed_step(compiled=True) == _checkpointed_step(compiled=False)
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_checkpointed_regions_are_modelled_when_asked(rank):
+    import os
+
+    eager = _checkpointed_step(compiled=False)
+    os.environ[compiled_buffers.CHECKPOINTS_ENV] = "inductor"
+    try:
+        torch._dynamo.reset()
+        modelled = _checkpointed_step(compiled=True)
+    finally:
+        del os.environ[compiled_buffers.CHECKPOINTS_ENV]
+    assert compiled_buffers.fallbacks == []
+    # the recomputed block's pointwise chain is fused: Inductor's backward holds less than eager recomputation
+    assert modelled < eager, (modelled, eager)
+
+
+def test_a_bad_checkpoints_setting_is_refused(monkeypatch):
+    monkeypatch.setenv(compiled_buffers.CHECKPOINTS_ENV, "fast")
+    with pytest.raises(ValueError, match="ACCEL_SIM_COMPILED_CHECKPOINTS='fast': use 'eager'"):
+        compiled_buffers.covered(fx.symbolic_trace(lambda x: torch.sin(x)))
 
 
 def test_inductor_keeps_extern_results_their_inputs_reductions_and_outputs_not_fused_intermediates():

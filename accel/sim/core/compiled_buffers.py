@@ -25,13 +25,17 @@ op may round differently in the last bit, as Inductor's kernels do on the card).
 Regions the model does not cover run as Dynamo's graphs eagerly, counted op by op as eager
 code is (`covered`): DTensor inputs, collectives, functorch transforms (vmap), tensors moved
 to a device the graph names (a factory naming the device, `torch.arange(n, device=x.device)`,
-is covered), higher-order ops (activation checkpointing included: given torchtitan's per-op
-selective checkpointing tags, the partitioner saves each RMSNorm's output and the rotated q
-and k of a Llama 3 8B block, 80 MiB more per block at sequence 8192 than eager checkpointing
-keeps, and 2.5 GiB more per GPU over 32 blocks, where the published compiled runs held less
-than eager ones; until a real GPU shows what Inductor keeps there, such regions are counted
-as eager code), and any region AOTAutograd cannot trace over the simulated tensors (one line
-on stderr says so).
+is covered), higher-order ops, and any region AOTAutograd cannot trace over the simulated
+tensors (one line on stderr says so).
+
+Activation checkpointing is among them unless ``ACCEL_SIM_COMPILED_CHECKPOINTS=inductor``.
+Given torchtitan's per-op selective checkpointing tags, this torch's partitioner saves each
+RMSNorm's output and the rotated q and k of a Llama 3 8B block: 80 MiB more per block at
+sequence 8192 than eager checkpointing keeps, 2.5 GiB more per GPU over 32 blocks. The
+published compiled runs (older torch) held less than eager ones, while later reports on the
+card (pytorch/pytorch#161889) found compiled selective checkpointing saving little. Until a
+real GPU of this torch shows which (tests/programs/gpu_probe.py records it), such regions
+count as eager code by default.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import operator
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -63,6 +68,9 @@ _INLINED = frozenset(
 _OWN_BUFFER = frozenset({"cat", "index_put", "scatter_add", "scatter_reduce", "cumsum", "cumprod", "logcumsumexp"})
 #: higher-order ops the model covers (AOTAutograd inlines them)
 _COVERED_HOPS = frozenset({"wrap"})
+#: set to "inductor": checkpointed compiled regions are modelled too (Inductor's partitioner honouring the
+#: checkpoint's tags), instead of counted as eager code; to compare with a real card (see the module's text)
+CHECKPOINTS_ENV = "ACCEL_SIM_COMPILED_CHECKPOINTS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +147,7 @@ def covered(gm: fx.GraphModule) -> bool:
     higher-order op (but `wrap`), and
     no tensor made on (or moved to) a device the graph names: AOTAutograd would make it a plain fake tensor
     of that device, not a simulated one."""
+    hops = _covered_hops()
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue  # (a method: `x.to(device)` of a simulated tensor is the simulator's own move)
@@ -151,7 +160,7 @@ def covered(gm: fx.GraphModule) -> bool:
         if "functorch" in module or "functorch" in str(target):  # vmap's levels (flex attention's masks)
             return False
         hop = getattr(target, "namespace", None) == "higher_order"
-        if hop and getattr(target, "__name__", "") not in _COVERED_HOPS:
+        if hop and getattr(target, "__name__", "") not in hops:
             return False
     return True
 
@@ -191,6 +200,13 @@ def _factories_made_on_device(gm: fx.GraphModule, runtime: Runtime, index: int) 
             node.target = _MadeOnDevice(runtime.adopt, node.target, index if named is None else named)
             node.kwargs = kwargs
     return fx.GraphModule(gm, graph)
+
+
+def _covered_hops() -> frozenset[str]:
+    value = os.environ.get(CHECKPOINTS_ENV, "eager").strip().lower()
+    if value not in ("eager", "inductor"):
+        raise ValueError(f"{CHECKPOINTS_ENV}={value!r}: use 'eager' (the default) or 'inductor'")
+    return _COVERED_HOPS | {"tag_activation_checkpoint"} if value == "inductor" else _COVERED_HOPS
 
 
 def _names_a_device(value: Any) -> bool:
