@@ -52,6 +52,7 @@ import torch
 from torch import fx
 
 from accel.sim.core import torch_internals
+from accel.sim.core.wrapper import tensors_in
 
 #: ops Inductor generates inline (as pointwise loops): fused with their users, no buffer of their own
 _INLINED = frozenset(
@@ -330,7 +331,7 @@ class _Runner(fx.Interpreter):
         node = self.current_node
         if "device" not in kwargs or not isinstance(node.meta.get("val"), torch.Tensor):
             return kwargs
-        if any(t.is_meta for t in _tensors(args)):
+        if any(t.is_meta for t in tensors_in(args)):
             return {**kwargs, "device": torch.device("meta")}
         value = node.meta["val"]
         return {**kwargs, "device": self.runtime.factory_device(value.numel() * value.element_size())}
@@ -339,17 +340,9 @@ class _Runner(fx.Interpreter):
         self.current_node = node
         result = super().run_node(node)
         if node in self.kept:
-            for value in _tensors(result):
+            for value in tensors_in(result):
                 self.runtime.count(value, self.index)
         return result
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item)]
-    return []
 
 
 def _drawing_from(generator: torch.Generator, op: Any, args: Any, kwargs: dict) -> Any:

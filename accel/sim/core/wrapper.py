@@ -295,6 +295,15 @@ class WrapperTensor(torch.Tensor):
 # -- the stable helpers --------------------------------------------------------------------------
 
 
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors in `value` and in the lists and tuples nested in it, in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in tensors_in(item)]
+    return []
+
+
 def unwrap(tensor: torch.Tensor) -> torch.Tensor:
     """The CPU tensor holding a wrapper's data (storage shared); other tensors unchanged."""
     return tensor._inner if isinstance(tensor, WrapperTensor) else tensor

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from accel.sim.core import torch_internals
 from accel.sim.core.carried import PythonGroup, carrier, given
 from accel.sim.core.torch_internals import gloo_all_gather_single, gloo_reduce_scatter_single
+from accel.sim.core.wrapper import tensors_in
 from accel.sim.cuda.nccl_group import SimNcclGroup
 from accel.sim.cuda.tensor import is_simulated_cuda
 
@@ -32,17 +33,9 @@ __all__ = ["BACKEND_NAME", "PythonGroup", "SimCudaGroup", "register"]
 BACKEND_NAME = "accel_sim_cuda"
 
 
-def _tensors(items: Any) -> list[torch.Tensor]:
-    if isinstance(items, torch.Tensor):
-        return [items]
-    if isinstance(items, (list, tuple)):
-        return [t for item in items for t in _tensors(item)]
-    return []
-
-
 def _on_cpu(args: tuple, count: int) -> bool:
     """Whether the first `count` arguments of a call (its tensors) are all CPU tensors."""
-    tensors = _tensors(list(args[:count]))
+    tensors = tensors_in(list(args[:count]))
     return bool(tensors) and not any(is_simulated_cuda(t) for t in tensors)
 
 
