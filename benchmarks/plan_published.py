@@ -64,6 +64,9 @@ FLOAT8_TENSORWISE = (
     "--quantize.linear.float8.enable_fsdp_float8_all_gather",
     "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
 )
+#: torchtitan's flags for local batch 2, and for compiling the blocks only (not the loss)
+BATCH_2 = ("--training.local_batch_size", "2")
+COMPILED_BLOCKS = ("--compile.enable", "--compile.components", "model")
 FLOAT8_ROWWISE = ("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name", "rowwise")
 #: Meta's Grand Teton H100s (96 GB HBM2e): CUDA reports 95.0 GiB (torchtitan's logged percentages:
 #: 30.89 GiB is 32.51%, 27.34 GiB is 28.78%); sm_90 and 132 SMs as the H100 SXM
@@ -93,7 +96,7 @@ CASES: tuple[Case, ...] = (
         published_gib=82.4,
         gpu=H100_96GB,
         ranks=8,
-        flags=("--training.local_batch_size", "2"),
+        flags=BATCH_2,
         note="torchtitan 9dec370, torch 1963fc8 (Dec 2024); its run_llama_train.sh sets"
         " PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
     ),
@@ -104,7 +107,7 @@ CASES: tuple[Case, ...] = (
         published_gib=77.0,
         gpu=H100_96GB,
         ranks=8,
-        flags=("--training.local_batch_size", "2", "--compile.enable", "--compile.components", "model"),
+        flags=(*BATCH_2, *COMPILED_BLOCKS),
         note="torchtitan 9dec370 compiled the blocks, not the loss (turned off on 2024-12-18, e8977b0)",
     ),
     Case(
@@ -114,7 +117,7 @@ CASES: tuple[Case, ...] = (
         published_gib=67.0,
         gpu=H100_96GB,
         ranks=128,
-        flags=("--training.local_batch_size", "2"),
+        flags=BATCH_2,
         only_ranks="0",
     ),
     Case(
@@ -124,7 +127,7 @@ CASES: tuple[Case, ...] = (
         published_gib=62.0,
         gpu=H100_96GB,
         ranks=128,
-        flags=("--training.local_batch_size", "2", "--compile.enable", "--compile.components", "model"),
+        flags=(*BATCH_2, *COMPILED_BLOCKS),
         only_ranks="0",
     ),
     Case(
@@ -134,7 +137,7 @@ CASES: tuple[Case, ...] = (
         published_gib=47.65,
         gpu=H100_96GB,
         ranks=8,
-        flags=("--compile.enable", "--compile.components", "model"),
+        flags=COMPILED_BLOCKS,
         note="torch 2.7.0a0+gitb98af95, torchao 890e0ac8 (2025-02-28), torchtitan of early March 2025: loss not"
         " compiled; the table's 'GB' are torchtitan's GiB (parse_torchtitan_logs.py reads 'memory: X GiB');"
         " card not stated",
@@ -146,7 +149,7 @@ CASES: tuple[Case, ...] = (
         published_gib=47.77,
         gpu=H100_96GB,
         ranks=8,
-        flags=("--compile.enable", "--compile.components", "model", *FLOAT8_TENSORWISE),
+        flags=(*COMPILED_BLOCKS, *FLOAT8_TENSORWISE),
         note="float8_training_benchmark.sh: --float8.enable_fsdp_float8_all_gather"
         " --float8.precompute_float8_dynamic_scale_for_fsdp --float8.force_recompute_fp8_weight_in_bwd"
         " (the last is torchao 0.17's behaviour, its flag deprecated)",
@@ -158,7 +161,7 @@ CASES: tuple[Case, ...] = (
         published_gib=47.79,
         gpu=H100_96GB,
         ranks=8,
-        flags=("--compile.enable", "--compile.components", "model", *FLOAT8_ROWWISE),
+        flags=(*COMPILED_BLOCKS, *FLOAT8_ROWWISE),
     ),
     Case(
         name="compile-b1-loss",

@@ -261,10 +261,11 @@ def _kind(target: Any) -> str:
         return "extern"
     if target.is_view:
         return "view"
-    if target._schema.is_mutable:
+    schema = torch_internals.op_schema(target)
+    if schema.is_mutable:
         return "mutation"
     tags = target.tags
-    name = target._schema.name.split("::")[-1]
+    name = schema.name.split("::")[-1]
     if torch.Tag.pointwise in tags or torch.Tag.nondeterministic_seeded in tags or name in _INLINED:
         return "fused"
     if torch.Tag.reduction in tags:

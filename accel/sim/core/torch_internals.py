@@ -233,7 +233,9 @@ INTERNALS: dict[str, str] = {
         "Inductor's partitioner chooses what a compiled region saves for backward"
     ),
     "torch._inductor.decomposition.select_decomp_table": "the ops Inductor decomposes before it partitions",
-    "torch._ops.OpOverload": "an op of a compiled region's graph, whose tags say how Inductor treats it",
+    "torch._ops.OpOverload": (
+        "an op of a compiled region's graph, whose tags (and schema, `_schema`) say how Inductor treats it"
+    ),
 }
 
 
@@ -1600,6 +1602,11 @@ def script_as_builtins(functions: dict[Any, str]) -> None:
 def is_op(target: Any) -> bool:
     """Whether an FX node's target is an ATen (or prims) op overload (`torch._ops.OpOverload`, private)."""
     return isinstance(target, torch._ops.OpOverload)
+
+
+def op_schema(op: Any) -> Any:
+    """An op overload's schema (`OpOverload._schema`, private): its qualified name, whether it mutates."""
+    return op._schema
 
 
 def aot_as_inductor(

@@ -515,7 +515,7 @@ _HOST_RUNS = frozenset({"aten::_to_copy", "aten::copy_", "aten::_local_scalar_de
 
 def _runs_on_device(op: Any) -> bool:
     """Whether a compiled graph's op runs as the simulated GPU runs it: attention, matmuls (their memory)."""
-    return op in cuda_tensor.SimCudaTensor._special and op._schema.name not in _HOST_RUNS
+    return op in cuda_tensor.SimCudaTensor._special and torch_internals.op_schema(op).name not in _HOST_RUNS
 
 
 def _on_simulated_gpu(op: Any, args: list, kwargs: dict, index: int) -> Any:
