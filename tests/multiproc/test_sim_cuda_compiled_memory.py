@@ -210,3 +210,25 @@ def test_a_compiled_transformers_gpt2_holds_less_than_eager_as_on_the_card(rank)
     assert compiled_buffers.fallbacks == []
     assert held < 0.85 * eager_held and peak < 0.8 * eager_peak, (eager_held, held, eager_peak, peak)
     assert abs(loss - eager_loss) < 1e-4
+
+
+def _ddp_grads(compiled):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(512, 512) for _ in range(4))).cuda()
+    ddp = DDP(model, bucket_cap_mb=1)  # a bucket per layer (1 MiB of weights): Dynamo splits the graph
+    step = torch.compile(ddp) if compiled else ddp
+    x = torch.randn(32, 512, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # as nanoGPT's train.py
+        loss = step(x).float().square().mean()
+    loss.backward()
+    return [p.grad.cpu() for p in model.parameters()]
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_a_ddp_model_that_dynamo_splits_at_its_buckets_compiles_and_trains(rank):
+    # nanoGPT's train.py under torchrun: Dynamo's DDP optimizer runs each compiled piece on fake tensors
+    # while it compiles; those pieces are counted as eager code
+    for compiled, eager in zip(_ddp_grads(compiled=True), _ddp_grads(compiled=False), strict=True):
+        torch.testing.assert_close(compiled, eager)

@@ -23,7 +23,8 @@ computed by the same ops as the eager run's after Inductor's decompositions (a d
 op may round differently in the last bit, as Inductor's kernels do on the card).
 
 Regions the model does not cover run as Dynamo's graphs eagerly, counted op by op as eager
-code is (`covered`): DTensor inputs, collectives, functorch transforms (vmap), tensors moved
+code is (`covered`): the pieces Dynamo's DDP optimizer splits a DDP model into, DTensor inputs,
+collectives, functorch transforms (vmap), tensors moved
 to a device the graph names (a factory naming the device, `torch.arange(n, device=x.device)`,
 is covered), higher-order ops, and any region AOTAutograd cannot trace over the simulated
 tensors (one line on stderr says so).
@@ -100,7 +101,7 @@ def backend(cls: type, runtime: Runtime) -> Callable[..., Any]:
 
     def inductor_buffers(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         index = _device_index(cls, example_inputs)
-        if index is None or not runtime.counting():
+        if index is None or not runtime.counting() or torch_internals.compiling_for_ddps_buckets():
             return gm.forward  # Dynamo's "eager" backend: the graph op by op, counted as eager code is
         traced = _factories_made_on_device(gm, runtime, index)
         if not covered(traced):

@@ -233,6 +233,9 @@ INTERNALS: dict[str, str] = {
         "Inductor's partitioner chooses what a compiled region saves for backward"
     ),
     "torch._inductor.decomposition.select_decomp_table": "the ops Inductor decomposes before it partitions",
+    "torch._dynamo.backends.distributed.DDPOptimizer": (
+        "a DDP model's compiled pieces (split at its buckets) are counted as eager code"
+    ),
     "torch._ops.OpOverload": (
         "an op of a compiled region's graph, whose tags (and schema, `_schema`) say how Inductor treats it"
     ),
@@ -1640,3 +1643,18 @@ def aot_as_inductor(
 def _partition_as_inductor(partition: Any, before: Callable[[Any], None], joint: Any, *args: Any, **kwargs: Any) -> Any:
     before(joint)
     return partition(joint, *args, compiler="inductor", **kwargs)
+
+
+def compiling_for_ddps_buckets() -> bool:
+    """Whether Dynamo's DDP optimizer (`torch._dynamo.backends.distributed.DDPOptimizer.compile_fn`, private)
+    is the caller: it splits a DDP model's graph at its gradient buckets and runs each compiled piece on
+    fake tensors while it compiles, which AOTAutograd's subclass wrappers around simulated tensors do not
+    survive. No public API says so; the caller's frames do.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "compile_fn" and code.co_filename.endswith(os.path.join("backends", "distributed.py")):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
