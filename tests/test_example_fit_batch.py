@@ -5,6 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# the example as a user runs it: four simulated launches of two ranks each, searching batches (about 50 s)
+pytestmark = pytest.mark.processes
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "fit_batch.py"
 
 

@@ -121,7 +121,18 @@ def _out_of_memory():
     return RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
-def test_find_executable_batch_size_shrinks_until_it_fits():
+@pytest.fixture
+def collections(monkeypatch):
+    """Counts `gc.collect()` calls instead of making them: each costs seconds in a pytest worker that
+    has run hundreds of tests, and the retry logic, not the collector, is what these tests check."""
+    import gc
+
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda generation=2: calls.append(generation) or 0)
+    return calls
+
+
+def test_find_executable_batch_size_shrinks_until_it_fits(collections):
     tried = []
 
     @find_executable_batch_size(starting_batch_size=128)
@@ -133,9 +144,10 @@ def test_find_executable_batch_size_shrinks_until_it_fits():
 
     assert train(2) == 2 * 82
     assert tried == [128, 115, 103, 92, 82]  # times 0.9, rounded down, after each out-of-memory error
+    assert len(collections) == 1 + 4  # before the first try and after each out-of-memory error
 
 
-def test_find_executable_batch_size_follows_accelerate_step_by_step():
+def test_find_executable_batch_size_follows_accelerate_step_by_step(collections):
     from accelerate.utils import find_executable_batch_size as peer
 
     def make(decorator, log):
@@ -151,9 +163,10 @@ def test_find_executable_batch_size_follows_accelerate_step_by_step():
     ours, theirs = [], []
     assert make(find_executable_batch_size, ours)() == make(peer, theirs)()
     assert ours == theirs
+    assert len(collections) == 2 * (1 + 3)  # each library collects garbage as often
 
 
-def test_find_executable_batch_size_errors():
+def test_find_executable_batch_size_errors(collections):
     @find_executable_batch_size(starting_batch_size=2)
     def never_fits(batch_size):
         raise _out_of_memory()
@@ -176,7 +189,7 @@ def test_find_executable_batch_size_errors():
         takes_one(8, "model")
 
 
-def test_custom_reduce_batch_size_fn():
+def test_custom_reduce_batch_size_fn(collections):
     sizes = iter([6, 3])
 
     @find_executable_batch_size(starting_batch_size=12, reduce_batch_size_fn=lambda: next(sizes))
