@@ -53,7 +53,7 @@ from accel.sim.cuda import blas as cuda_blas
 from accel.sim.cuda import checkpoint as cuda_checkpoint
 from accel.sim.cuda import extensions as cuda_extensions
 from accel.sim.cuda import functional as cuda_functional
-from accel.sim.cuda import gpu_models
+from accel.sim.cuda import gpu_models, norm_kernels
 from accel.sim.cuda import group as cuda_group
 from accel.sim.cuda import kernels as cuda_kernels
 from accel.sim.cuda import memory as cuda_memory
@@ -431,7 +431,14 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
         torch_internals.seed_dtensor_shards_from_cpu_generators()
         torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, _gpu)
-        cuda_tensor.add_special({**cuda_functional.handlers(), **cuda_attention.handlers(), **cuda_blas.handlers()})
+        cuda_tensor.add_special(
+            {
+                **cuda_functional.handlers(),
+                **cuda_attention.handlers(),
+                **cuda_blas.handlers(),
+                **norm_kernels.handlers(),  # SyncBatchNorm's CUDA-only ops
+            }
+        )
         cuda_attention.install()
         cuda_group.register()
         torch_internals.record_no_flights_of(carried.PythonGroup)  # the simulated NCCL groups are Python's
