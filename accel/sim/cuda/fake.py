@@ -53,7 +53,7 @@ from accel.sim.cuda import blas as cuda_blas
 from accel.sim.cuda import checkpoint as cuda_checkpoint
 from accel.sim.cuda import extensions as cuda_extensions
 from accel.sim.cuda import functional as cuda_functional
-from accel.sim.cuda import gpu_models, norm_kernels
+from accel.sim.cuda import gpu_models, host_arguments, norm_kernels, rnn_kernels
 from accel.sim.cuda import group as cuda_group
 from accel.sim.cuda import kernels as cuda_kernels
 from accel.sim.cuda import memory as cuda_memory
@@ -437,9 +437,12 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
                 **cuda_attention.handlers(),
                 **cuda_blas.handlers(),
                 **norm_kernels.handlers(),  # SyncBatchNorm's CUDA-only ops
+                **rnn_kernels.handlers(),  # the fused LSTM and GRU cells
+                **host_arguments.handlers(),  # packed sequences' and CTC's lengths on the host
             }
         )
         cuda_attention.install()
+        host_arguments.install()
         cuda_group.register()
         torch_internals.record_no_flights_of(carried.PythonGroup)  # the simulated NCCL groups are Python's
         torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
