@@ -167,3 +167,20 @@ def test_what_a_gpu_allows_is_allowed(rank):
     out = torch.empty(0, device="cuda")
     torch.cat([torch.ones(2, device="cuda"), torch.ones(2, device="cuda")], out=out)
     assert out.shape == (4,) and out.device.index == rank
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_strided_nested_tensors_are_refused_by_name_and_jagged_ones_work(rank, world_size):
+    torch.cuda.set_device(rank)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    x, pad = torch.randn(2, 5, 8), torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    fast = torch.nn.TransformerEncoder(layer, 2).cuda().eval()  # eval + padding mask: the nested fast path
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
+        fast(x.cuda(), src_key_padding_mask=pad.cuda())
+    plain = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    with torch.no_grad():
+        expected = plain(x, src_key_padding_mask=pad)
+        got = plain.cuda()(x.cuda(), src_key_padding_mask=pad.cuda())
+    torch.testing.assert_close(got.cpu()[~pad], expected[~pad], rtol=1e-5, atol=1e-5)
+    jagged = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=torch.jagged, device="cuda")
+    assert jagged.is_cuda and jagged.sin().to_padded_tensor(0.0).sum().item() == pytest.approx(6 * 3 * 0.841471, 1e-5)

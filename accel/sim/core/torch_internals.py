@@ -332,6 +332,12 @@ disabled_torch_function = torch._C._disabled_torch_function_impl
 
 def make_wrapper(cls: type, inner: torch.Tensor, device: torch.device, requires_grad: bool) -> Any:
     """An instance of `cls` shaped like `inner`, on C++ device `device`, holding no data itself."""
+    if inner.is_nested and inner.layout is _STRIDED:  # a wrapper has sizes; a strided nested tensor has none
+        raise NotImplementedError(
+            "nested tensors of torch.strided layout are not simulated on a simulated device (nn.TransformerEncoder "
+            "makes them in eval mode given a padding mask): use torch.nested's layout=torch.jagged, or "
+            "TransformerEncoder(..., enable_nested_tensor=False)"
+        )
     if inner.layout is _STRIDED and inner.is_contiguous() and not inner.storage_offset():
         # the common case, and cheaper: contiguous strides and offset 0 are the defaults
         # (and so is requires_grad=False: each keyword given costs parsing time)
