@@ -42,8 +42,7 @@ from typing import Any
 import torch
 
 from accel.sim.cuda import memory as cuda_memory
-from accel.sim.cuda import shapes as cuda_shapes
-from accel.sim.cuda.tensor import SIM, unwrap, wrap_like
+from accel.sim.cuda.tensor import SIM, host_tensors, wrap_like
 
 aten = torch.ops.aten
 _FP32 = torch.float32
@@ -92,14 +91,6 @@ def _kernel(like: torch.Tensor) -> Iterator[_Kernel]:
 
 def _nbytes(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> int:
     return math.prod(shape) * dtype.itemsize
-
-
-def _host(*tensors: Any) -> list[Any]:
-    """The host tensors under simulated ones; all without data when one has none (shapes only)."""
-    inner = [unwrap(t) if isinstance(t, torch.Tensor) else t for t in tensors]
-    if any(isinstance(t, torch.Tensor) and t.is_meta for t in inner):
-        inner, _ = cuda_shapes.align(inner, {}, {})
-    return inner
 
 
 def _filled(layout: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -301,7 +292,7 @@ def flash_forward(args: tuple, kwargs: dict) -> tuple:
     query, key, value = args[:3]
     dropout_p = _arg(args, kwargs, 3, "dropout_p", 0.0)
     is_causal = _arg(args, kwargs, 4, "is_causal", False)
-    q, k, v = _host(query, key, value)
+    q, k, v = host_tensors(query, key, value)
     seed = _seed(query) if dropout_p > 0.0 else 0
     out_host, lse_host = _Attention(q, k, v, None, is_causal, kwargs.get("scale"), dropout_p, seed).forward()
     from accel.sim.cuda import properties
@@ -322,7 +313,7 @@ def flash_backward(args: tuple, kwargs: dict) -> tuple:
     """`_scaled_dot_product_flash_attention_backward` (grad_out, query, key, value, out, logsumexp, ...)."""
     grad_out, query, key, value, out, lse = args[:6]
     dropout_p, is_causal, rng_state = args[10], args[11], args[12]
-    g, q, k, v, o, lse_host, rng = _host(grad_out, query, key, value, out, lse, rng_state)
+    g, q, k, v, o, lse_host, rng = host_tensors(grad_out, query, key, value, out, lse, rng_state)
     seed = int(rng[0]) if dropout_p > 0.0 and not rng.is_meta else 0
     attention = _Attention(q, k, v, None, is_causal, kwargs.get("scale"), dropout_p, seed)
     dq, dk, dv, _ = attention.backward(g, o, lse_host, bias_grad=False)
@@ -464,7 +455,7 @@ def efficient_forward(args: tuple, kwargs: dict) -> tuple:
     dropout_p = _arg(args, kwargs, 5, "dropout_p", 0.0)
     is_causal = _arg(args, kwargs, 6, "is_causal", False)
     _check_bias(query, bias)
-    q, k, v, b = _host(query, key, value, bias)
+    q, k, v, b = host_tensors(query, key, value, bias)
     seed = _seed(query) if dropout_p > 0.0 else 0
     out_host, lse_host = _Attention(q, k, v, b, is_causal, kwargs.get("scale"), dropout_p, seed).forward()
     with _kernel(query) as kernel:
@@ -483,7 +474,7 @@ def efficient_backward(args: tuple, kwargs: dict) -> tuple:
     dropout_p, grad_input_mask = args[9], args[10]
     is_causal = _arg(args, kwargs, 11, "is_causal", False)
     bias_grad = bias is not None and bool(grad_input_mask[3])
-    g, q, k, v, b, o, lse_host = _host(grad_out, query, key, value, bias, out, lse)
+    g, q, k, v, b, o, lse_host = host_tensors(grad_out, query, key, value, bias, out, lse)
     seed = int(seed_t) if dropout_p > 0.0 else 0
     attention = _Attention(q, k, v, b, is_causal, kwargs.get("scale"), dropout_p, seed)
     dq, dk, dv, db = attention.backward(g, o, lse_host[:, :, : query.shape[2]], bias_grad)
@@ -534,7 +525,7 @@ def cudnn_forward(args: tuple, kwargs: dict) -> tuple:
     wanted = _arg(args, kwargs, 4, "compute_log_sumexp", False)
     dropout_p = _arg(args, kwargs, 5, "dropout_p", 0.0)
     is_causal = _arg(args, kwargs, 6, "is_causal", False)
-    q, k, v, b = _host(query, key, value, bias)
+    q, k, v, b = host_tensors(query, key, value, bias)
     seed = _seed(query) if dropout_p > 0.0 else 0
     out_host, lse_host = _Attention(q, k, v, b, is_causal, kwargs.get("scale"), dropout_p, seed).forward()
     with _kernel(query) as kernel:
@@ -549,7 +540,7 @@ def cudnn_backward(args: tuple, kwargs: dict) -> tuple:
     philox_offset, attn_bias, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal)."""
     grad_out, query, key, value, out, lse, seed_t, _, bias = args[:9]
     dropout_p, is_causal = args[13], args[14]
-    g, q, k, v, b, o, lse_host = _host(grad_out, query, key, value, bias, out, lse)
+    g, q, k, v, b, o, lse_host = host_tensors(grad_out, query, key, value, bias, out, lse)
     seed = int(seed_t) if dropout_p > 0.0 else 0
     attention = _Attention(q, k, v, b, is_causal, kwargs.get("scale"), dropout_p, seed)
     dq, dk, dv, _ = attention.backward(g, o, lse_host.squeeze(-1), bias_grad=False)

@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from accel.sim.core import device_rules
-from accel.sim.cuda import shapes as cuda_shapes
-from accel.sim.cuda.tensor import unwrap, wrap_like
+from accel.sim.cuda.tensor import host_tensors, wrap_like
 
 aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
@@ -36,13 +35,6 @@ _HALF = (torch.float16, torch.bfloat16)
 def _acc(dtype: torch.dtype) -> torch.dtype:
     """The kernels' accumulate type (`acc_type<scalar_t, /*is_cuda=*/true>`) for a floating dtype."""
     return torch.float32 if dtype in _HALF else dtype
-
-
-def _host(*tensors: Any) -> list[Any]:
-    """The host tensors under simulated ones (None stays None); all shapes when one is (shapes only)."""
-    inner = [unwrap(t) if isinstance(t, torch.Tensor) else t for t in tensors]
-    inner, _ = cuda_shapes.align(inner, {}, {})
-    return inner
 
 
 def _planes(x: torch.Tensor) -> torch.Tensor:
@@ -67,7 +59,7 @@ def _check_floating(x: torch.Tensor, name: str) -> None:
 def stats(args: tuple, kwargs: dict) -> tuple:
     """`batch_norm_stats(input, eps)` -> (mean, invstd) of each channel, in the accumulate type."""
     source, eps = args[0], args[1]
-    (x,) = _host(source)
+    (x,) = host_tensors(source)
     _check_floating(x, "batch_norm_stats_cuda")
     planes = _planes(x)
     mean = planes.mean(1)
@@ -81,7 +73,8 @@ def gather_stats_with_counts(args: tuple, kwargs: dict) -> tuple:
     Merges the (world, C) statistics of the ranks, weighted by their counts, and updates the running ones.
     """
     source, means, invstds, running_mean, running_var, momentum, eps, counts = args[:8]
-    _, mean_all, invstd_all, run_mean, run_var, count = _host(source, means, invstds, running_mean, running_var, counts)
+    stats_and_counts = host_tensors(source, means, invstds, running_mean, running_var, counts)
+    _, mean_all, invstd_all, run_mean, run_var, count = stats_and_counts
     acc = _acc(mean_all.dtype)
     mean_all, invstd_all = mean_all.to(acc), invstd_all.to(acc)
     weights = count.to(acc).unsqueeze(1)
@@ -109,7 +102,7 @@ def gather_stats(args: tuple, kwargs: dict) -> tuple:
 def elemt(args: tuple, kwargs: dict) -> Any:
     """`batch_norm_elemt(input, weight, bias, mean, invstd, eps)`: (x - mean) * invstd * weight + bias."""
     source = args[0]
-    x, weight, bias, mean, invstd = _host(*args[:5])
+    x, weight, bias, mean, invstd = host_tensors(*args[:5])
     acc = mean.dtype
     y = (x.to(acc) - _per_channel(mean, x)) * _per_channel(invstd, x)
     if weight is not None:
@@ -127,7 +120,7 @@ def backward_reduce(args: tuple, kwargs: dict) -> tuple:
     """
     grad_out = args[0]
     input_g, weight_g, bias_g = args[5:8]
-    g, x, mean, invstd, weight = _host(*args[:5])
+    g, x, mean, invstd, weight = host_tensors(*args[:5])
     planes_g = _planes(g).to(mean.dtype)
     sum_dy = planes_g.sum(1)
     sum_dy_xmu = (planes_g * (_planes(x).to(mean.dtype) - mean.unsqueeze(1))).sum(1)
@@ -145,7 +138,7 @@ def backward_elemt(args: tuple, kwargs: dict) -> Any:
     """`batch_norm_backward_elemt(grad_out, input, mean, invstd, weight, sum_dy, sum_dy_xmu, count)`: the input's
     gradient, with the sums already reduced over the ranks and `count` (int32) the values each rank counted."""
     grad_out = args[0]
-    g, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count = _host(*args[:8])
+    g, x, mean, invstd, weight, sum_dy, sum_dy_xmu, count = host_tensors(*args[:8])
     if count.dtype != torch.int32:
         raise RuntimeError(f"expected scalar type Int but found {_scalar_name(count.dtype)}")
     acc = mean.dtype

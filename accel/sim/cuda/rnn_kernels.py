@@ -23,24 +23,16 @@ from typing import Any
 
 import torch
 
-from accel.sim.cuda import shapes as cuda_shapes
-from accel.sim.cuda.tensor import unwrap, wrap_like
+from accel.sim.cuda.tensor import host_tensors, wrap_like
 
 aten = torch.ops.aten
-
-
-def _host(*tensors: Any) -> list[Any]:
-    """The host tensors under simulated ones (None stays None); all shapes when one is (shapes only)."""
-    inner = [unwrap(t) if isinstance(t, torch.Tensor) else t for t in tensors]
-    inner, _ = cuda_shapes.align(inner, {}, {})
-    return inner
 
 
 def _cell_args(args: tuple, kwargs: dict) -> list[Any]:
     """The host tensors of a cell op's (input_gates, hidden_gates, state, input_bias, hidden_bias)."""
     given = list(args) + [None] * (5 - len(args))
     given[3], given[4] = kwargs.get("input_bias", given[3]), kwargs.get("hidden_bias", given[4])
-    return _host(*given[:5])
+    return host_tensors(*given[:5])
 
 
 def _acc(t: torch.Tensor) -> torch.Tensor:
@@ -74,7 +66,7 @@ def lstm_cell_backward(args: tuple, kwargs: dict) -> tuple:
     -> (grad_gates, grad_cx, grad_bias): the gradient of the summed gates, of cx, and (with biases) of a bias.
     """
     workspace_arg = args[4]
-    grad_hy, grad_cy, cx, cy, workspace = _host(*args[:5])
+    grad_hy, grad_cy, cx, cy, workspace = host_tensors(*args[:5])
     has_bias = args[5]
     i, f, g, o = _acc(workspace).chunk(4, 1)
     tanh_cy = _acc(cy).tanh()
@@ -108,7 +100,7 @@ def gru_cell_backward(args: tuple, kwargs: dict) -> tuple:
     -> (grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias).
     """
     grad_arg = args[0]
-    grad_hy, workspace = _host(args[0], args[1])
+    grad_hy, workspace = host_tensors(args[0], args[1])
     has_bias = args[2]
     r, z, n, hx, h_n = _acc(workspace).chunk(5, 1)
     g = _acc(grad_hy)

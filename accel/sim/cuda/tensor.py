@@ -114,6 +114,14 @@ def wrap(cpu_tensor: torch.Tensor, index: int) -> torch.Tensor:
     return core.wrap(SimCudaTensor, cpu_tensor, index)
 
 
+def host_tensors(*values: Any) -> list[Any]:
+    """The host tensors under simulated ones (others as given); all shapes when one is (shapes only), so that a
+    kernel written on host tensors computes shapes only."""
+    inner = [unwrap(v) if isinstance(v, torch.Tensor) else v for v in values]
+    inner, _ = cuda_shapes.align(inner, {}, {})
+    return inner
+
+
 def wrap_like(cpu_tensor: torch.Tensor, like: torch.Tensor) -> SimCudaTensor:
     """A CPU result seen as a tensor on the simulated GPU of `like` (storage shared)."""
     return SimCudaTensor(cpu_tensor, like.device)
