@@ -106,3 +106,15 @@ def test_ddp_gru_trains_as_one_process_on_the_whole_batch(rank, world_size):
             optimizer.step()
     for p_gpu, p in zip(model.module.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p_gpu.detach().cpu(), p.detach(), rtol=1e-5, atol=1e-6)
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_cudnn_weight_flattening_a_cuda_build_asks_for_keeps_the_weights(rank, world_size):
+    # on a CUDA build with cuDNN, nn.LSTM.cuda() flattens its weights; cuDNN is not simulated: they stay apart
+    torch.cuda.set_device(rank)
+    lstm = torch.nn.LSTM(3, 4).cuda()
+    weights = [w.detach().clone() for w in lstm._flat_weights]
+    flat = torch._cudnn_rnn_flatten_weight(lstm._flat_weights, 4, 3, 2, 4, 0, 1, False, False)
+    assert flat.device.type == "cuda" and flat.numel() == sum(w.numel() for w in weights)
+    for kept, before in zip(lstm._flat_weights, weights, strict=True):
+        assert torch.equal(kept, before)

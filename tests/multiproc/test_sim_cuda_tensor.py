@@ -184,3 +184,15 @@ def test_strided_nested_tensors_are_refused_by_name_and_jagged_ones_work(rank, w
     torch.testing.assert_close(got.cpu()[~pad], expected[~pad], rtol=1e-5, atol=1e-5)
     jagged = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=torch.jagged, device="cuda")
     assert jagged.is_cuda and jagged.sin().to_padded_tensor(0.0).sum().item() == pytest.approx(6 * 3 * 0.841471, 1e-5)
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_device_of_makes_the_tensors_gpu_current_for_the_block(rank, world_size):
+    # torch's device_of calls torch.cuda._exchange_device (nn.LSTM's flatten_parameters on a CUDA build)
+    other = (rank + 1) % world_size
+    torch.cuda.set_device(rank)
+    with torch.cuda.device_of(torch.ones(1, device=f"cuda:{other}")):
+        assert torch.cuda.current_device() == other
+        assert torch.zeros(1, device="cuda").device == torch.device("cuda", other)
+    assert torch.cuda.current_device() == rank
+    assert torch.cuda._exchange_device(-1) == -1 and torch.cuda.current_device() == rank

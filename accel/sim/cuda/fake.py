@@ -163,6 +163,17 @@ class _device(contextlib.ContextDecorator):
         cuda_state.gpus().current = self.previous
 
 
+def _exchange_device(device: int) -> int:
+    """`torch.cuda._exchange_device` / `_maybe_exchange_device`: make GPU `device` current (none if negative), return
+    the one that was. `torch.cuda.device_of` calls them, and so does torch's own `device` class that it extends."""
+    if device < 0:
+        return -1
+    gpus = cuda_state.gpus()
+    previous = _index()
+    gpus.current = _index(device)
+    return previous
+
+
 class Event:
     """`torch.cuda.Event`: work is finished when issued, so an event is complete once recorded.
 
@@ -295,6 +306,8 @@ def _patches() -> dict[str, Any]:
         "current_device": lambda: _index(),
         "set_device": _set_device,
         "device": _device,
+        "_exchange_device": _exchange_device,
+        "_maybe_exchange_device": _exchange_device,
         # get_device_name / get_device_capability / is_bf16_supported: torch's own, on these properties
         "get_device_properties": cuda_properties.get_device_properties,
         "synchronize": lambda device=None: _lazy_init(),

@@ -113,6 +113,15 @@ def gru_cell_backward(args: tuple, kwargs: dict) -> tuple:
     return _outputs(grad_arg, grad_hy.dtype, grad_input, grad_hidden, g * z, *biases)
 
 
+def flatten_weight(args: tuple, kwargs: dict) -> torch.Tensor:
+    """`_cudnn_rnn_flatten_weight(weights, ...)`: a recurrent layer moved to the GPU of a CUDA build with cuDNN.
+
+    On the card the weights become views of one buffer, the same bytes in all; cuDNN is not
+    simulated, so here they stay apart, and the flat copy the op returns (which its caller drops) is made.
+    """
+    return torch.cat([weight.detach().reshape(-1) for weight in args[0]])
+
+
 def handlers() -> dict[Any, Any]:
     """The fused recurrent-cell ops -> their handlers on simulated CUDA tensors (`cuda_tensor.add_special`)."""
     return {
@@ -120,4 +129,5 @@ def handlers() -> dict[Any, Any]:
         aten._thnn_fused_lstm_cell_backward_impl.default: lstm_cell_backward,
         aten._thnn_fused_gru_cell.default: gru_cell,
         aten._thnn_fused_gru_cell_backward.default: gru_cell_backward,
+        aten._cudnn_rnn_flatten_weight.default: flatten_weight,
     }
