@@ -174,6 +174,11 @@ def _exchange_device(device: int) -> int:
     return previous
 
 
+def _maybe_exchange_device(device: int) -> int:
+    # a function of its own: Dynamo registers a handler per function of torch.cuda, and refuses one twice
+    return _exchange_device(device)
+
+
 class Event:
     """`torch.cuda.Event`: work is finished when issued, so an event is complete once recorded.
 
@@ -307,7 +312,7 @@ def _patches() -> dict[str, Any]:
         "set_device": _set_device,
         "device": _device,
         "_exchange_device": _exchange_device,
-        "_maybe_exchange_device": _exchange_device,
+        "_maybe_exchange_device": _maybe_exchange_device,
         # get_device_name / get_device_capability / is_bf16_supported: torch's own, on these properties
         "get_device_properties": cuda_properties.get_device_properties,
         "synchronize": lambda device=None: _lazy_init(),
