@@ -1666,6 +1666,10 @@ def compiling_for_ddps_buckets() -> bool:
     return False
 
 
+INTERNALS["torch.cuda._exchange_device"] = (
+    "torch.cuda.device_of switches simulated GPUs (accel.sim.cuda.fake patches it)"
+)
+INTERNALS["torch.cuda._maybe_exchange_device"] = "and switches back at the block's end"
 INTERNALS["torch._ops.OpOverload.redispatch"] = (
     "an op whose kernel is a composite with no device check runs that kernel on simulated tensors, as on a GPU"
 )
