@@ -122,6 +122,38 @@ def test_a_cpu_generator_is_refused_by_gpu_random_ops():
     assert torch.randn(3, generator=generator).device.type == "cpu"  # CPU tensors still take it
 
 
+@distributed_test(world_size=SIZES, device="cuda")
+def test_gpu_generators_draw_for_their_gpu_and_are_torch_generators(rank):
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    assert generator.device == torch.device("cuda", rank) and isinstance(generator, torch.Generator)
+    assert isinstance(torch.default_generator, torch.Generator) and type(torch.Generator()) is torch._C.Generator
+    first = torch.randn(4, device="cuda", generator=generator)
+    assert torch.equal(first, torch.randn(4, device="cuda", generator=generator.manual_seed(5)))
+    # the GPU's own generator is not moved by it, nor is the CPU's
+    torch.cuda.manual_seed(1)
+    torch.manual_seed(1)
+    expected_gpu, expected_cpu = torch.cuda.get_rng_state(), torch.get_rng_state()
+    torch.empty(8, device="cuda").uniform_(generator=generator).bernoulli_(0.5, generator=generator)
+    torch.randperm(6, device="cuda", generator=generator)
+    torch.multinomial(torch.ones(4, device="cuda"), 2, generator=generator)
+    torch.nn.functional.dropout(torch.ones(4, device="cuda"))  # draws from the GPU's own
+    assert not torch.equal(torch.cuda.get_rng_state(), expected_gpu)
+    assert torch.equal(torch.get_rng_state(), expected_cpu)
+    # state round trip; torch.cuda.default_generators are the GPUs' own generators
+    state = generator.get_state()
+    drawn = torch.rand(3, device="cuda", generator=generator)
+    generator.set_state(state)
+    assert torch.equal(drawn, torch.rand(3, device="cuda", generator=generator))
+    defaults = torch.cuda.default_generators
+    assert [g.device for g in defaults] == [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    torch.cuda.manual_seed(7)
+    assert defaults[rank].initial_seed() == 7
+    other = torch.Generator(f"cuda:{(rank + 1) % torch.cuda.device_count()}")
+    assert other.device.index == (rank + 1) % torch.cuda.device_count()
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.Generator(device=f"cuda:{torch.cuda.device_count()}")
+
+
 @distributed_test(world_size=2, device="cuda")
 def test_loader_workers_start_as_under_torchrun(rank):
     # a rank has the platform's default start method, as a process torchrun starts has

@@ -1682,3 +1682,32 @@ def run_composite(op: Any, args: tuple, kwargs: dict) -> Any:
     kernel checks no devices itself. Public torch offers no call of one dispatch key's kernel.
     """
     return op.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1), *args, **kwargs)
+
+
+INTERNALS["torch.cuda.memory._record_memory_history_impl"] = (
+    "torch.cuda.memory._record_memory_history records the simulated allocators' actions (accel.sim.cuda.fake "
+    "patches the three names torch's memory tracker calls)"
+)
+INTERNALS["torch.cuda.memory._record_memory_history_legacy"] = "and its older form, _record_memory_history(True)"
+INTERNALS["torch.cuda.memory._snapshot"] = "and _snapshot / _dump_snapshot hand out the simulated allocators' state"
+INTERNALS["torch._utils._augment_memory_snapshot_stack_traces"] = (
+    "_snapshot(augment_with_fx_traces=True) on simulated GPUs adds the FX nodes to the stacks as torch's does"
+)
+
+
+def augment_memory_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """A memory snapshot with FX debug fields added to its frames, as `_snapshot(augment_with_fx_traces=True)`."""
+    from torch._utils import _augment_memory_snapshot_stack_traces
+
+    return _augment_memory_snapshot_stack_traces(snapshot)  # type: ignore[arg-type,return-value]
+
+
+INTERNALS["torch._C.Generator._cdata"] = (
+    "torch.Generator(device='cuda') on simulated GPUs: ops receive a new Python object for a generator, and the "
+    "simulated GPU it draws for is found by the C++ generator underneath"
+)
+
+
+def generator_key(generator: torch.Generator) -> int:
+    """The identity of `generator`'s C++ generator, the same for every Python object of it."""
+    return generator._cdata  # type: ignore[attr-defined]

@@ -490,6 +490,23 @@ def current() -> AllocatorSettings:
     return _current[0]
 
 
+def snapshot_settings(settings: AllocatorSettings) -> dict[str, object]:
+    """The settings as a memory snapshot lists them (`torch.cuda.memory._snapshot()["allocator_settings"]`)."""
+    kept = settings.kept
+    return {
+        "PYTORCH_CUDA_ALLOC_CONF": settings.text,
+        "max_split_size": settings.max_split_size,
+        "garbage_collection_threshold": settings.garbage_collection_threshold,
+        "expandable_segments": settings.expandable_segments,
+        "pinned_num_register_threads": kept.get("pinned_num_register_threads", 1),
+        "release_lock_on_cudamalloc": kept.get("release_lock_on_cudamalloc", False),
+        "pinned_use_cuda_host_register": kept.get("pinned_use_cuda_host_register", False),
+        "graph_capture_record_stream_reuse": kept.get("graph_capture_record_stream_reuse", False),
+        # keyed by the power of two (in MiB) each interval starts at, as torch's
+        "roundup_power2_divisions": {str(1 << i): n for i, n in enumerate(settings.roundup_power2_divisions)},
+    }
+
+
 def _first_set(names: tuple[str, ...]) -> str | None:
     return next((os.environ[name] for name in names if name in os.environ), None)
 

@@ -37,8 +37,6 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from accel.sim.cuda import memory as cuda_memory
 from accel.sim.cuda import node_memory
 from accel.sim.cuda.alloc_config import K_MIN_BLOCK, K_SMALL_BUFFER, K_SMALL_SIZE, SIZE_MAX
@@ -132,8 +130,7 @@ def _allocate(memory: DeviceMemory, pool: _Pool, size: int, small: bool, expanda
         memory.empty_cache()
         block = _new_block(memory, pool, size, small, alloc, expandable)
     if block is None:
-        memory.counters["num_ooms"] += 1
-        raise torch.OutOfMemoryError(memory.oom_message(alloc))
+        raise memory.out_of_memory(size, alloc)
     return block
 
 
@@ -219,6 +216,8 @@ def _map(memory: DeviceMemory, pool: _Pool, block: Block, nbytes: int) -> Block 
     if mapped < block.size:
         put_unmapped(pool, memory.split(block, mapped))
     block.mapped = True
+    if memory.history is not None:
+        memory.history.segment("segment_map", block.addr, mapped, block.stream)
     block = _merge(pool, block)
     pool.put(block)
     memory._count("reserved_bytes", block.small, mapped)
@@ -277,6 +276,8 @@ def _unmap(memory: DeviceMemory, pool: _Pool, block: Block) -> bool:
     if pages.size > length:
         pool.put(memory.split(pages, length))
     pages.mapped = False
+    if memory.history is not None:
+        memory.history.segment("segment_unmap", start, length, pages.stream)
     pages = _merge(pool, pages)
     memory._count("reserved_bytes", pages.small, -length)
     memory.counters["num_device_free"] += 1

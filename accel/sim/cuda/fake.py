@@ -53,7 +53,7 @@ from accel.sim.cuda import blas as cuda_blas
 from accel.sim.cuda import checkpoint as cuda_checkpoint
 from accel.sim.cuda import extensions as cuda_extensions
 from accel.sim.cuda import functional as cuda_functional
-from accel.sim.cuda import gpu_models, host_arguments, norm_kernels, rnn_kernels
+from accel.sim.cuda import generators, gpu_models, host_arguments, norm_kernels, rnn_kernels
 from accel.sim.cuda import group as cuda_group
 from accel.sim.cuda import kernels as cuda_kernels
 from accel.sim.cuda import memory as cuda_memory
@@ -443,6 +443,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         torch_internals.on_storage_resize(cuda_memory.resize)
         torch.autograd.backward = _raising_pending_oom(torch.autograd.backward)
         torch.autograd.grad = _raising_pending_oom(torch.autograd.grad)
+        torch.Generator = generators.generator_type(lambda device: cuda_state.gpus().resolve(device))  # type: ignore[misc, assignment]  # simulated ranks only
         cuda_accelerator.install()
         cuda_profiler.install()  # NVTX, cudart's profiler calls: as with no profiling tool attached
         cuda_extensions.install()  # JIT-built CUDA extensions: stand-ins in torch ops, or refused at once
@@ -477,6 +478,8 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
             modules = (torch.cuda, torch.cuda.memory)
         for module in modules:
             setattr(module, name, replacement)
+    for name, replacement in cuda_properties.history_patches().items():
+        setattr(torch.cuda.memory, name, replacement)
 
 
 def reconfigure() -> None:
@@ -491,6 +494,7 @@ def reconfigure() -> None:
 
 def _on_cuda_start(gpus: cuda_state.SimGpus) -> None:
     """CUDA starts in this process (or test): each visible GPU is the chosen card, its memory empty."""
+    torch.cuda.default_generators = tuple(gpus.generators)  # type: ignore[assignment]  # as torch's CUDA start fills them
     cuda_shapes.configure()
     if os.environ.get(cuda_properties.MEMORY_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         cuda_memory.uninstall()

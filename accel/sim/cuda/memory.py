@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from accel.sim.core import torch_internals
-from accel.sim.cuda import alloc_config, configured, memory_report, node_memory
+from accel.sim.cuda import alloc_config, configured, memory_history, memory_report, node_memory
 from accel.sim.cuda import state as cuda_state
 from accel.sim.cuda.alloc_config import (  # CUDACachingAllocator.cpp's sizes, defined once
     K_LARGE_BUFFER,
@@ -179,6 +179,8 @@ class DeviceMemory:
 
     #: this GPU in the ledger of the node's processes (`accel.sim.cuda.node_memory`); None: counted alone
     node: node_memory.Seat | None = None
+    #: what `torch.cuda.memory._record_memory_history` asked to record (`accel.sim.cuda.memory_history`)
+    history: memory_history.History | None = None
 
     def __init__(self, index: int, model: GpuModel, settings: alloc_config.AllocatorSettings | None = None) -> None:
         self.index = index
@@ -360,9 +362,15 @@ class DeviceMemory:
             self.counters["num_alloc_retries"] += 1
             self.empty_cache()
             if not self._fits(alloc):
-                self.counters["num_ooms"] += 1
-                raise torch.OutOfMemoryError(self.oom_message(alloc))
+                raise self.out_of_memory(size, alloc)
         return self.new_segment_block(alloc, small)
+
+    def out_of_memory(self, size: int, alloc: int) -> torch.OutOfMemoryError:
+        """The error for a request of `size` bytes (rounded) whose segment of `alloc` bytes the card cannot hold."""
+        self.counters["num_ooms"] += 1
+        if self.history is not None:
+            self.history.out_of_memory(size, self.free_memory(), self.current_stream())
+        return torch.OutOfMemoryError(self.oom_message(alloc))
 
     def new_segment_block(self, alloc: int, small: bool) -> Block:
         """A segment of `alloc` bytes the driver gave (`cudaMalloc`), as one free block, counted."""
@@ -376,6 +384,8 @@ class DeviceMemory:
             self.oversize["oversize_segments"].add(1)
         if "kernels" not in self.outside:  # the first allocation: its kernels are the first launched
             self.note_outside("kernels", self.model.kernels_memory)
+        if self.history is not None:
+            self.history.segment("segment_alloc", block.addr, alloc, self.current_stream())
         return block
 
     def unreserve_segment(self, head: Block) -> None:
@@ -385,6 +395,8 @@ class DeviceMemory:
         self.counters["num_device_free"] += 1
         if head.segment_size >= self.mss:
             self.oversize["oversize_segments"].add(-1)
+        if self.history is not None:
+            self.history.segment("segment_free", head.addr, head.segment_size, head.stream)
 
     def _fits(self, alloc: int) -> bool:
         """Whether `alloc` more bytes fit on the card; if so they are this process's on the node at once.
@@ -401,6 +413,8 @@ class DeviceMemory:
     def free(self, block: Block) -> None:
         """Give `block` back: it merges with free neighbours and stays cached in its pool."""
         with self.lock:
+            if self.history is not None:
+                self.history.freed(block)
             small = block.small
             block.allocated = False
             self._book(small, block.size, block.requested, -1)
@@ -689,7 +703,10 @@ _pending: list[torch.OutOfMemoryError] = []
 
 def _allocate(memory: DeviceMemory, nbytes: int) -> Block | None:
     try:
-        return memory.malloc(nbytes)
+        block = memory.malloc(nbytes)
+        if memory.history is not None and block is not None:
+            memory.history.allocated(block, nbytes)
+        return block
     except torch.OutOfMemoryError as error:
         if memory.tracking is not None:
             memory.tracking.out_of_memory(nbytes)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import sys
 from typing import Any
 
-from accel.sim.cuda import gpu_models
+from accel.sim.core import torch_internals
+from accel.sim.cuda import alloc_config, gpu_models, memory_history
 from accel.sim.cuda import memory as cuda_memory
 from accel.sim.cuda import memory_report as memory_report_module
 from accel.sim.cuda import state as cuda_state
@@ -172,10 +174,75 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 
 def memory_snapshot(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
-    """`torch.cuda.memory_snapshot()`: the segments of every simulated GPU (no stack traces)."""
-    if not cuda_memory.is_counting():
-        return []
-    return [s for i in range(cuda_state.gpus().count) for s in cuda_memory.device(i).segment_snapshot()]
+    """`torch.cuda.memory_snapshot()`: the segments of every simulated GPU (with the stacks of their blocks
+    while `_record_memory_history` keeps them)."""
+    return snapshot()["segments"]
+
+
+def _allocators() -> list[Any]:
+    """The allocators of the process's simulated GPUs, CUDA started (none while memory is not counted)."""
+    cuda_state.gpus().start()
+    return [cuda_memory.device(i) for i in range(cuda_state.gpus().count)] if cuda_memory.is_counting() else []
+
+
+def record_memory_history(
+    enabled: str | None = "all",
+    context: str | None = "all",
+    stacks: str = "all",
+    max_entries: int = sys.maxsize,
+    device: Any = None,
+    clear_history: bool = False,
+    compile_context: bool = False,
+    global_record_annotations: bool = False,
+    skip_actions: list[str] | None = None,
+    record_pinned_host_memory: bool = False,
+    record_cuda: bool = True,
+) -> None:
+    """`torch.cuda.memory._record_memory_history(...)` (as a string `enabled`): the simulated allocators record
+    their actions with the Python stacks they happen at (`accel.sim.cuda.memory_history`); on every GPU of the
+    process, as torch's (`device` is not read)."""
+    if record_cuda:
+        memory_history.start(_allocators(), enabled, context, stacks, max_entries, clear_history, skip_actions)
+
+
+def record_memory_history_legacy(
+    enabled: bool,
+    record_context: bool = True,
+    trace_alloc_max_entries: int = 1,
+    trace_alloc_record_context: bool = False,
+    device: Any = None,
+    record_context_cpp: bool = False,
+    clear_history: bool = False,
+    compile_context: bool = False,
+    global_record_annotations: bool = False,
+    skip_actions: list[str] | None = None,
+    record_pinned_host_memory: bool = False,
+    record_cuda: bool = True,
+) -> None:
+    """`torch.cuda.memory._record_memory_history(True/False, ...)`, the older form."""
+    if record_cuda:
+        memory_history.start_legacy(
+            _allocators(), enabled, record_context, trace_alloc_max_entries, trace_alloc_record_context,
+            clear_history, skip_actions,
+        )  # fmt: skip
+
+
+def snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict[str, Any]:
+    """`torch.cuda.memory._snapshot()` (and so `_dump_snapshot(path)`): segments, blocks and each GPU's trace."""
+    found = memory_history.snapshot(_allocators(), alloc_config.snapshot_settings(alloc_config.current()))
+    if augment_with_fx_traces:
+        found = torch_internals.augment_memory_snapshot(found)
+    return found
+
+
+def history_patches() -> dict[str, Any]:
+    """`torch.cuda.memory` name -> its simulated-GPU version: the memory tracker's (private, listed in
+    `torch_internals.INTERNALS`)."""
+    return {
+        "_record_memory_history_impl": record_memory_history,
+        "_record_memory_history_legacy": record_memory_history_legacy,
+        "_snapshot": snapshot,
+    }
 
 
 def memory_patches() -> dict[str, Any]:

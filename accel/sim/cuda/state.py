@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from accel.sim.cuda.generators import GpuGenerator
+
 #: the seed PyTorch gives every CUDA generator at start-up
 DEFAULT_CUDA_SEED = 67280421310721
 
@@ -67,6 +69,11 @@ def parse_visible(value: str | None, physical: int) -> list[int]:
     return seen
 
 
+def _generators(count: int) -> list[torch.Generator]:
+    """One generator per GPU the process sees, each saying it is that GPU's (`torch.cuda.default_generators`)."""
+    return [GpuGenerator(torch.device("cuda", index)) for index in range(count)]
+
+
 class SimGpus:
     """The simulated GPUs of this rank: the host has `physical` of them, the process sees `visible`."""
 
@@ -75,7 +82,7 @@ class SimGpus:
         self.visible: list[int] = list(range(physical))
         self.current = current
         self.devices = [torch.device("cuda", i) for i in range(physical)]
-        self.generators = [torch.Generator() for _ in range(physical)]
+        self.generators = _generators(physical)
         self.set_device_calls: list[int] = []
         #: the current stream of each GPU that `torch.cuda.stream` / `set_stream` set (else the default stream)
         self.streams: dict[int, Any] = {}
@@ -101,7 +108,7 @@ class SimGpus:
             return
         self.visible = visible
         self.devices = [torch.device("cuda", i) for i in range(len(visible))]
-        self.generators = [torch.Generator() for _ in visible]
+        self.generators = _generators(len(visible))
         for generator in self.generators:
             generator.manual_seed(DEFAULT_CUDA_SEED)
 

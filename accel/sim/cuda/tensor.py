@@ -22,6 +22,7 @@ import torch
 
 from accel.sim.core import device_rules, torch_internals
 from accel.sim.core import wrapper as core
+from accel.sim.cuda import generators
 from accel.sim.cuda import memory as cuda_memory
 from accel.sim.cuda import shapes as cuda_shapes
 from accel.sim.cuda import state as cuda_state
@@ -58,9 +59,10 @@ class CudaDevice(core.SimDevice):
 
     def draw(self, index: int, func: Any, args: Any, kwargs: dict) -> Any:
         given = kwargs.get("generator")
-        if given is not None:
-            # A GPU kernel takes only a CUDA generator, which a simulated GPU cannot have (see the README).
-            raise RuntimeError(f"Expected a 'cuda' device type for generator but found '{given.device.type}'")
+        found = generators.device_of(given) if given is not None else None
+        if found is not None and found.type != "cuda":
+            # a GPU kernel takes only a CUDA generator (`torch.Generator(device="cuda")`, `accel.sim.cuda.generators`)
+            raise RuntimeError(f"Expected a 'cuda' device type for generator but found '{found.type}'")
         return super().draw(index, func, args, kwargs)
 
 
