@@ -90,3 +90,21 @@ def test_the_trainer_trains_evaluates_and_saves_on_simulated_gpus(tmp_path, prec
         cpu = result_of(launch("cpu", PROGRAMS / "trainer_gpt2.py", "--out", tmp_path / "cpu"))
         assert out["train_loss"] == pytest.approx(cpu["train_loss"], rel=1e-5)
         assert out["eval_loss"] == pytest.approx(cpu["eval_loss"], rel=1e-5)
+
+
+def test_the_trainer_in_one_process_seeing_two_gpus_uses_data_parallel(tmp_path):
+    # `python train.py` on a host with 2 GPUs: the Trainer wraps the model in nn.DataParallel
+    def run(gpus, *args):
+        command = [sys.executable, "-m", "accel.commands.cli", "run", "--simulate", "cuda", "--gpus", str(gpus)]
+        command += ["--", sys.executable, str(PROGRAMS / "trainer_gpt2.py"), *args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+        return result_of(result.stdout + result.stderr)
+
+    parallel = run(2, "--out", tmp_path / "dp")
+    assert parallel["n_gpu"] == 2 and parallel["model_class"] == "DataParallel"
+    assert parallel["parallel_mode"] == "ParallelMode.NOT_DISTRIBUTED" and parallel["world_size"] == 1
+    one = run(1, "--out", tmp_path / "one", "--batch", "8")  # the same 8 samples a step, on one GPU
+    assert one["n_gpu"] == 1 and one["model_class"] == "GPT2LMHeadModel"
+    assert parallel["train_loss"] == pytest.approx(one["train_loss"], rel=1e-5)
+    assert parallel["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-5)

@@ -229,3 +229,17 @@ def test_the_simulators_python_groups_get_no_flight_recorder(rank):
         t = torch.ones(1, device="cuda" if group is not gloo else "cpu")
         dist.all_reduce(t, group=group)
         assert t.item() == 2
+
+
+def test_data_parallel_copies_still_go_through_the_c_entry_points_simulated_gpus_serve():
+    import inspect
+
+    import torch.nn.parallel.comm
+
+    source = inspect.getsource(torch.nn.parallel.comm)
+    for name in torch_internals.PARALLEL_COPY_NAMES:
+        assert f"torch._C.{name}(" in source, (
+            f"torch {torch.__version__}'s torch.nn.parallel.comm no longer calls torch._C.{name}, which simulated "
+            "GPUs serve for nn.DataParallel (accel/sim/cuda/parallel_copies.py): adapt torch_internals"
+        )
+    assert "nccl.is_available(" in source  # replaced by False in simulated ranks: copies, not NCCL

@@ -15,6 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 parser = argparse.ArgumentParser()
 parser.add_argument("--precision", default="fp32")
 parser.add_argument("--out", required=True)
+parser.add_argument("--batch", type=int, default=4, help="per device")
 args = parser.parse_args()
 
 
@@ -34,8 +35,8 @@ config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
 model = GPT2LMHeadModel(config)
 training = TrainingArguments(
     output_dir=args.out,
-    per_device_train_batch_size=4,
-    per_device_eval_batch_size=4,
+    per_device_train_batch_size=args.batch,
+    per_device_eval_batch_size=args.batch,
     num_train_epochs=1,
     logging_steps=1,
     report_to=[],
@@ -53,6 +54,8 @@ if trainer.is_world_process_zero():
     result = {
         "device": str(training.device),
         "world_size": training.world_size,
+        "n_gpu": training.n_gpu,
+        "model_class": type(trainer.model_wrapped).__name__,
         "parallel_mode": str(training.parallel_mode),
         "train_loss": trained.training_loss,
         "eval_loss": metrics["eval_loss"],

@@ -1711,3 +1711,20 @@ INTERNALS["torch._C.Generator._cdata"] = (
 def generator_key(generator: torch.Generator) -> int:
     """The identity of `generator`'s C++ generator, the same for every Python object of it."""
     return generator._cdata  # type: ignore[attr-defined]
+
+
+#: the C++ functions `torch.nn.parallel.comm` calls (a CPU build has none): checked by
+#: tests/test_sim_cuda_internals.py, which reads comm.py for each name
+PARALLEL_COPY_NAMES = (
+    "_broadcast", "_broadcast_out", "_broadcast_coalesced", "_scatter", "_scatter_out", "_gather", "_gather_out",
+)  # fmt: skip
+
+
+def serve_parallel_copies(functions: dict[str, Any]) -> None:
+    """`torch.nn.parallel.comm` (DataParallel's broadcast, scatter, gather) calls `functions` instead of torch's
+    CUDA library; its own argument checks stay. Private: these C++ entry points are all comm.py calls."""
+    unknown = sorted(set(functions) - set(PARALLEL_COPY_NAMES))
+    if unknown:
+        raise ValueError(f"not entry points of torch.nn.parallel.comm: {unknown}")
+    for name, function in functions.items():
+        setattr(torch._C, name, function)

@@ -53,7 +53,7 @@ from accel.sim.cuda import blas as cuda_blas
 from accel.sim.cuda import checkpoint as cuda_checkpoint
 from accel.sim.cuda import extensions as cuda_extensions
 from accel.sim.cuda import functional as cuda_functional
-from accel.sim.cuda import generators, gpu_models, host_arguments, norm_kernels, rnn_kernels
+from accel.sim.cuda import generators, gpu_models, host_arguments, norm_kernels, parallel_copies, rnn_kernels
 from accel.sim.cuda import group as cuda_group
 from accel.sim.cuda import kernels as cuda_kernels
 from accel.sim.cuda import memory as cuda_memory
@@ -443,6 +443,8 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         torch_internals.on_storage_resize(cuda_memory.resize)
         torch.autograd.backward = _raising_pending_oom(torch.autograd.backward)
         torch.autograd.grad = _raising_pending_oom(torch.autograd.grad)
+        torch_internals.serve_parallel_copies(parallel_copies.FUNCTIONS)  # nn.DataParallel's copies
+        torch.cuda.nccl.is_available = lambda tensors: False  # no single-process NCCL: copies
         torch.Generator = generators.generator_type(lambda device: cuda_state.gpus().resolve(device))  # type: ignore[misc, assignment]  # simulated ranks only
         cuda_accelerator.install()
         cuda_profiler.install()  # NVTX, cudart's profiler calls: as with no profiling tool attached

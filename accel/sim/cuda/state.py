@@ -8,6 +8,7 @@ plain `"cuda"` means the current one, as `torch.cuda.set_device` left it.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import torch
@@ -80,7 +81,11 @@ class SimGpus:
     def __init__(self, physical: int, current: int) -> None:
         self.physical = physical
         self.visible: list[int] = list(range(physical))
-        self.current = current
+        #: the current GPU of the main thread, and of threads that set none; a thread that sets one has its own
+        #: (`current`), as CUDA keeps one per host thread (DataParallel's replicas run in threads of their own)
+        self._shared = current
+        self._threads = threading.local()
+        self._generation = 0  # `reset` forgets the threads' own by moving on
         self.devices = [torch.device("cuda", i) for i in range(physical)]
         self.generators = _generators(physical)
         self.set_device_calls: list[int] = []
@@ -95,6 +100,20 @@ class SimGpus:
         #: called with this object when the visible GPUs are fixed (the memory counters follow them)
         self.on_start: list[Any] = []
         self.reset(current)
+
+    @property
+    def current(self) -> int:
+        """The calling thread's current GPU (`torch.cuda.current_device()`)."""
+        own = getattr(self._threads, "current", None)
+        return own[1] if own is not None and own[0] == self._generation else self._shared
+
+    @current.setter
+    def current(self, index: int) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._shared = index
+            self._threads.current = None
+        else:
+            self._threads.current = (self._generation, index)
 
     @property
     def count(self) -> int:
@@ -143,7 +162,8 @@ class SimGpus:
         visible GPUs are read again when a GPU is next used.
         """
         self.started = False
-        self.current = current
+        self._generation += 1
+        self._shared = current
         self.initialized = initialized
         self.set_device_calls.clear()
         self.streams.clear()
