@@ -234,6 +234,37 @@ def test_fsdp_on_two_gpus_trains_as_one_gpu(train, workspace, reference):
     assert ranks[0]["mesh_dims"] == [1]
 
 
+def test_memory_snapshots_torchtitan_dumps_read_in_torchs_viewer(train, workspace, reference):
+    import pickle
+
+    from torch.cuda import _memory_viz
+
+    snapshots = ("--profiling.enable_memory_snapshot", "--profiling.profile_freq", "2")
+    ranks = train(2, *two_ranks_of_data(workspace), *snapshots, "--profiling.save_memory_snapshot_folder", "mem")
+    assert_trains_as(ranks[0], reference)  # recording changes nothing of the run
+    for rank in range(2):
+        (path,) = workspace.glob(f"runs/*/dump/mem/iteration_2/rank{rank}_memory_snapshot.pickle")
+        snapshot = pickle.loads(path.read_bytes())
+        trace = snapshot["device_traces"][rank]  # rank k's GPU is cuda:k of the two the process sees
+        assert not any(snapshot["device_traces"][1 - rank])
+        allocs = [e for e in trace if e["action"] == "alloc"]
+        # steps 1 and 2 recorded from the trainer's start: its model's blocks, FSDP's all-gathers and the optimizer's
+        files = {frame["filename"].split("torchtitan/")[-1] for e in allocs for frame in e["frames"]}
+        assert {"models/llama3/model/model.py", "train.py"} & files, sorted(files)[:20]
+        assert any("fsdp" in name for name in files) and any("optim" in name for name in files)
+        live = {}
+        for entry in trace:
+            if entry["action"] == "alloc":
+                live[entry["addr"]] = entry["size"]
+            elif entry["action"] == "free_completed":
+                live.pop(entry["addr"], None)
+        held = sum(
+            b["requested_size"] for s in snapshot["segments"] for b in s["blocks"] if b["state"] == "active_allocated"
+        )
+        assert sum(live.values()) <= held  # what the trace leaves allocated is held (the rest came before it began)
+        assert "total_allocated" in _memory_viz.segsum(snapshot) and "MemoryViz" in _memory_viz.trace_plot(snapshot)
+
+
 def test_tensor_parallel_on_two_gpus_trains_as_one_gpu(train, reference):
     ranks = train(2, "--parallelism.tensor_parallel_degree", "2")
     assert_ranks_agree(ranks)  # the replicated norms' weights too
