@@ -81,6 +81,28 @@ def test_checkpoints_record_and_restore_the_gpu(rank, world_size, tmp_path):
 
 
 @distributed_test(world_size=SIZES, device="cuda")
+def test_plain_pickling_keeps_the_gpu_as_a_gpu_hosts_does(rank, world_size):
+    import io
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.distributed as dist
+
+    x = torch.arange(6.0, device="cuda").view(2, 3)[:, 1:]  # a view: its storage goes whole, offset kept
+    back = pickle.loads(pickle.dumps(x))
+    assert back.device == torch.device("cuda", rank) and torch.equal(back.cpu(), x.cpu())
+    assert back.stride() == x.stride() and back.storage_offset() == 1
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump({"t": x})  # what a multiprocessing queue sends
+    assert pickle.loads(buffer.getvalue())["t"].device == torch.device("cuda", rank)
+    # object collectives pickle too: each rank's tensor comes back on the GPU it was on
+    gathered = [None] * world_size
+    dist.all_gather_object(gathered, {"rank": rank, "t": torch.full((2,), float(rank), device="cuda")})
+    assert [g["t"].device.index for g in gathered] == list(range(world_size))
+    assert [g["t"][0].item() for g in gathered] == [float(r) for r in range(world_size)]
+
+
+@distributed_test(world_size=SIZES, device="cuda")
 def test_each_simulated_gpu_has_its_own_generator(rank, world_size):
     other = (rank + 1) % world_size
     cpu_state = torch.get_rng_state()

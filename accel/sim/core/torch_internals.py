@@ -21,6 +21,7 @@ about it, and the test that checks it on every supported torch).
 from __future__ import annotations
 
 import functools
+import io
 import os
 import re
 import sys
@@ -517,6 +518,28 @@ def patch_rebuild_tensor(make: Callable[[Callable[..., torch.Tensor]], Callable[
     utils._rebuild_tensor = make(utils._rebuild_tensor)
 
 
+INTERNALS["torch.storage._load_from_bytes"] = (
+    "plain pickling of a simulated GPU tensor (multiprocessing queues, object collectives) keeps its GPU: its "
+    "storage pickles as torch's storages do, through this loader"
+)
+
+
+class _StorageOnDevice(torch.storage.TypedStorage):
+    """The storage of a simulated tensor being pickled: its location is its `_fake_device`, also under plain
+    pickle (multiprocessing queues, object collectives), as a GPU's storage is.
+
+    torch.save never pickles a storage itself (its persistent ids name them, with `_fake_device`); plain pickle
+    calls `__reduce__`, whose torch version writes the legacy format, which records the host's location.
+    """
+
+    _fake_device: torch.device
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        data = io.BytesIO()
+        torch.save(self, data)  # the zip format, which records `_fake_device`; torch's loader reads both
+        return torch.storage._load_from_bytes, (data.getvalue(),)
+
+
 def reduce_as_tensor_on(inner: torch.Tensor, device: torch.device, requires_grad: bool) -> tuple[Any, tuple]:
     """`__reduce_ex__` of a plain tensor holding `inner`'s data whose storage is on `device`.
 
@@ -528,6 +551,7 @@ def reduce_as_tensor_on(inner: torch.Tensor, device: torch.device, requires_grad
     import torch._utils as utils
 
     storage = torch.storage.TypedStorage(wrap_storage=inner.untyped_storage(), dtype=inner.dtype, _internal=True)
+    storage.__class__ = _StorageOnDevice  # (TypedStorage's constructor takes subclasses for its legacy types)
     storage._fake_device = device  # read by torch.serialization
     args: tuple = (storage, inner.storage_offset(), tuple(inner.size()), inner.stride(), requires_grad, OrderedDict())
     return utils._rebuild_tensor_v2, args
