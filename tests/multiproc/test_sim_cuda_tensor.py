@@ -196,3 +196,17 @@ def test_device_of_makes_the_tensors_gpu_current_for_the_block(rank, world_size)
         assert torch.zeros(1, device="cuda").device == torch.device("cuda", other)
     assert torch.cuda.current_device() == rank
     assert torch.cuda._exchange_device(-1) == -1 and torch.cuda.current_device() == rank
+
+
+@distributed_test(world_size=[2, 4], device="cuda")
+def test_dlpack_views_share_the_gpu_tensor_and_streams_have_handles(rank):
+    x = torch.arange(4.0, device="cuda", requires_grad=True)
+    view = torch.from_dlpack(x)  # what libraries exchanging GPU tensors call (its stream handle read first)
+    assert view.device == torch.device("cuda", rank) and not view.requires_grad
+    with torch.no_grad():
+        view[0] = 7.0
+    assert x[0].item() == 7.0  # the same memory
+    assert torch.utils.dlpack.from_dlpack(torch.ones(2)).device.type == "cpu"  # host tensors as before
+    assert torch.cuda.current_stream().cuda_stream == 0  # the default stream's handle is the null stream
+    side = torch.cuda.Stream()
+    assert side.cuda_stream not in (0, torch.cuda.Stream().cuda_stream)

@@ -244,6 +244,11 @@ class Stream:
         return 0  # the default stream's (FSDP2 records its gradient outputs' stream by id from torch 2.15 on)
 
     @property
+    def cuda_stream(self) -> int:
+        """The stream's handle as CUDA's (`cudaStream_t`): 0 for the default stream, else one of its own."""
+        return 0 if self.sim_id == 0 else (1 << 44) + self.sim_id
+
+    @property
     def device_index(self) -> int:
         return self.device.index
 
@@ -444,6 +449,7 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
         torch.autograd.backward = _raising_pending_oom(torch.autograd.backward)
         torch.autograd.grad = _raising_pending_oom(torch.autograd.grad)
         torch_internals.serve_parallel_copies(parallel_copies.FUNCTIONS)  # nn.DataParallel's copies
+        torch.from_dlpack = torch.utils.dlpack.from_dlpack = _from_dlpack(torch.utils.dlpack.from_dlpack)
         torch.cuda.nccl.is_available = lambda tensors: False  # no single-process NCCL: copies
         torch.Generator = generators.generator_type(lambda device: cuda_state.gpus().resolve(device))  # type: ignore[misc, assignment]  # simulated ranks only
         cuda_accelerator.install()
@@ -492,6 +498,16 @@ def reconfigure() -> None:
     gpus = cuda_state.current()
     if gpus is not None and gpus.started:
         _on_cuda_start(gpus)
+
+
+def _from_dlpack(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def from_dlpack(ext_tensor: Any) -> torch.Tensor:
+        """`torch.from_dlpack`: a simulated GPU tensor's DLPack view is a tensor on its memory, without autograd."""
+        if cuda_tensor.is_simulated_cuda(ext_tensor):
+            return ext_tensor.detach()
+        return original(ext_tensor)
+
+    return from_dlpack
 
 
 def _on_cuda_start(gpus: cuda_state.SimGpus) -> None:
