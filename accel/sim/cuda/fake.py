@@ -53,7 +53,15 @@ from accel.sim.cuda import blas as cuda_blas
 from accel.sim.cuda import checkpoint as cuda_checkpoint
 from accel.sim.cuda import extensions as cuda_extensions
 from accel.sim.cuda import functional as cuda_functional
-from accel.sim.cuda import generators, gpu_models, host_arguments, norm_kernels, parallel_copies, rnn_kernels
+from accel.sim.cuda import (
+    generators,
+    gpu_models,
+    host_arguments,
+    norm_kernels,
+    parallel_copies,
+    rnn_kernels,
+    sync_debug,
+)
 from accel.sim.cuda import group as cuda_group
 from accel.sim.cuda import kernels as cuda_kernels
 from accel.sim.cuda import memory as cuda_memory
@@ -234,7 +242,7 @@ class Stream:
         return True
 
     def synchronize(self) -> None:
-        pass
+        sync_debug.synchronizing()  # (a stream's synchronize is reported, as c10's stream_synchronize reports it)
 
     def is_capturing(self) -> bool:
         return False  # no CUDA graphs on a simulated GPU
@@ -335,6 +343,8 @@ def _patches() -> dict[str, Any]:
         # no CUDA graph is ever being captured (Dynamo asks before it traces, SyncBatchNorm before it syncs);
         # a CUDA build's own would ask the real driver, a CPU build's raises
         "is_current_stream_capturing": lambda: False,
+        "set_sync_debug_mode": sync_debug.set_sync_debug_mode,
+        "get_sync_debug_mode": sync_debug.get_sync_debug_mode,
         "get_rng_state": lambda device="cuda": _generator(device).get_state(),
         "set_rng_state": lambda new_state, device="cuda": _generator(device).set_state(new_state.clone()),
         "get_rng_state_all": lambda: [g.get_state() for g in gpus().generators],
@@ -468,6 +478,12 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
                 **host_arguments.handlers(),  # packed sequences' and CTC's lengths on the host
             }
         )
+        cuda_tensor.add_special(  # torch.cuda.set_sync_debug_mode's reports of ops the host waits for
+            sync_debug.handlers(
+                dict(cuda_tensor.SimCudaTensor._special),
+                lambda func, args, kwargs: cuda_tensor.dispatch(func, args, kwargs, apart=False),
+            )
+        )
         cuda_attention.install()
         host_arguments.install()
         cuda_group.register()
@@ -529,6 +545,7 @@ def reset(local_rank: int | None = None, fresh: bool = False) -> None:
     gpus = cuda_state.gpus()
     gpus.reset(local_rank % gpus.physical, initialized=not fresh)
     cuda_autocast.reset()
+    sync_debug.set_sync_debug_mode(0)
 
 
 # -- the backend ------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 
 from accel.sim.core import device_rules, torch_internals
 from accel.sim.core import wrapper as core
-from accel.sim.cuda import generators
+from accel.sim.cuda import generators, sync_debug
 from accel.sim.cuda import memory as cuda_memory
 from accel.sim.cuda import shapes as cuda_shapes
 from accel.sim.cuda import state as cuda_state
@@ -81,6 +81,7 @@ class SimCudaTensor(core.WrapperTensor):
         return torch_internals.reduce_as_tensor_on(self._inner, self._shown, self.requires_grad)
 
     def tolist(self) -> Any:
+        sync_debug.synchronizing()
         inner = self._inner
         return (cuda_shapes.on_host(inner) if inner.is_meta else inner).tolist()
 
@@ -138,6 +139,7 @@ def to_copy(args: tuple, kwargs: dict) -> Any:
     target, kwargs = core.copy_target(SimCudaTensor, args, kwargs)
     inner = unwrap(source)
     if target.type != "cuda":
+        sync_debug.blocking_copy(kwargs)
         if SIM.general and inner.is_meta:
             return cuda_shapes.on_host(inner, kwargs.get("dtype"))
         return aten._to_copy.default(inner, **kwargs)
@@ -158,6 +160,8 @@ def to_copy(args: tuple, kwargs: dict) -> Any:
 
 def _copy_(args: tuple, kwargs: dict) -> Any:
     target, source = unwrap(args[0]), unwrap(args[1])
+    if is_simulated_cuda(args[0]) != is_simulated_cuda(args[1]):  # between the host and the GPU
+        sync_debug.blocking_copy(kwargs, args)
     if SIM.general and source.is_meta and not target.is_meta:
         return args[0]  # shapes only: the target keeps its shape, and its data mean nothing
     target.copy_(source, *args[2:], **kwargs)
@@ -165,6 +169,7 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
 
 
 def _item(args: tuple, kwargs: dict) -> Any:
+    sync_debug.synchronizing()
     inner = args[0]._inner
     return cuda_shapes.value(inner) if inner.is_meta else inner.item()
 

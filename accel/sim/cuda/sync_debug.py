@@ -1,0 +1,96 @@
+"""`torch.cuda.set_sync_debug_mode` on simulated GPUs: the host's waits for the GPU, reported.
+
+On a GPU host, "warn" makes every operation that makes the host wait for the GPU warn
+"called a synchronizing CUDA operation", and "error" raises it (c10/cuda's
+`warn_or_error_on_sync`): reading a value (`.item()`, `.tolist()`, `if t:`), blocking
+copies between host and GPU (`.cpu()`, `.to("cuda")` from pageable memory), ops whose output
+size depends on the data (`nonzero`, `masked_select`, `unique`, boolean-mask indexing,
+`repeat_interleave` without `output_size`, `bincount`, `equal`), and `Stream.synchronize()`.
+People turn it on to find the syncs that stall a training step; here the same calls are
+reported, so a test can assert a step has none. Explicit `torch.cuda.synchronize()` and
+`Event.synchronize()` are not reported (nor are they on the card).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+_MODES = {"default": 0, "warn": 1, "error": 2}
+_mode = [0]
+MESSAGE = "called a synchronizing CUDA operation"
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """`torch.cuda.set_sync_debug_mode`: 0/"default" off, 1/"warn" warn, 2/"error" raise."""
+    if isinstance(debug_mode, str):
+        if debug_mode not in _MODES:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = _MODES[debug_mode]
+    _mode[0] = int(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    return _mode[0]
+
+
+def synchronizing() -> None:
+    """The host waits for the GPU here: warn or raise as the mode asks (nothing when it is off)."""
+    mode = _mode[0]
+    if mode == 1:
+        warnings.warn(MESSAGE, UserWarning, stacklevel=3)
+    elif mode >= 2:
+        raise RuntimeError(MESSAGE)
+
+
+def blocking_copy(kwargs: dict, args: tuple = (), position: int = 2) -> None:
+    """A copy between host and GPU: it makes the host wait unless it is asked not to block."""
+    if _mode[0] and not (args[position] if len(args) > position else kwargs.get("non_blocking", False)):
+        synchronizing()
+
+
+def _masks_by_value(args: tuple, kwargs: dict) -> bool:
+    indices = args[1] if len(args) > 1 else ()
+    return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+def _size_not_given(args: tuple, kwargs: dict) -> bool:
+    return kwargs.get("output_size") is None
+
+
+#: ops whose output size the host learns from the GPU, with the condition under which they do
+_DATA_SIZED: dict[Any, Any] = {
+    aten.nonzero.default: None,
+    aten.masked_select.default: None,
+    aten._unique.default: None,
+    aten._unique2.default: None,
+    aten.unique_dim.default: None,
+    aten.unique_consecutive.default: None,
+    aten.bincount.default: None,
+    aten.equal.default: None,
+    aten.index.Tensor: _masks_by_value,
+    aten.index_put_.default: _masks_by_value,
+    aten.index_put.default: _masks_by_value,
+    aten.repeat_interleave.Tensor: _size_not_given,
+}
+
+
+def handlers(previous: dict[Any, Any], dispatch: Any) -> dict[Any, Any]:
+    """Handlers for the data-sized ops: reported, then run by the handler they had in `previous`, else as any op
+    (`dispatch(func, args, kwargs)`)."""
+
+    def handler(func: Any, condition: Any) -> Any:
+        then = previous.get(func) or (lambda args, kwargs: dispatch(func, args, kwargs))
+
+        def run(args: tuple, kwargs: dict) -> Any:
+            if _mode[0] and (condition is None or condition(args, kwargs)):
+                synchronizing()
+            return then(args, kwargs)
+
+        return run
+
+    return {func: handler(func, condition) for func, condition in _DATA_SIZED.items()}
