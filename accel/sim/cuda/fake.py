@@ -51,9 +51,8 @@ from accel.sim.cuda import attention as cuda_attention
 from accel.sim.cuda import autocast as cuda_autocast
 from accel.sim.cuda import blas as cuda_blas
 from accel.sim.cuda import checkpoint as cuda_checkpoint
-from accel.sim.cuda import extensions as cuda_extensions
-from accel.sim.cuda import functional as cuda_functional
 from accel.sim.cuda import (
+    determinism,
     generators,
     gpu_models,
     host_arguments,
@@ -62,6 +61,8 @@ from accel.sim.cuda import (
     rnn_kernels,
     sync_debug,
 )
+from accel.sim.cuda import extensions as cuda_extensions
+from accel.sim.cuda import functional as cuda_functional
 from accel.sim.cuda import group as cuda_group
 from accel.sim.cuda import kernels as cuda_kernels
 from accel.sim.cuda import memory as cuda_memory
@@ -408,14 +409,18 @@ _registered: list[bool] = []
 
 
 def _raising_pending_oom(original: Callable[..., Any]) -> Callable[..., Any]:
-    """`torch.autograd.backward` / `grad` that raise the out-of-memory met inside them as they return."""
+    """`torch.autograd.backward` / `grad` that raise the out-of-memory (or nondeterministic kernel) met inside them
+    as they return."""
 
     @functools.wraps(original)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             result = original(*args, **kwargs)
         finally:
-            cuda_memory.raise_pending()
+            try:
+                cuda_memory.raise_pending()
+            finally:
+                determinism.raise_pending()
         return result
 
     return run
@@ -478,12 +483,8 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
                 **host_arguments.handlers(),  # packed sequences' and CTC's lengths on the host
             }
         )
-        cuda_tensor.add_special(  # torch.cuda.set_sync_debug_mode's reports of ops the host waits for
-            sync_debug.handlers(
-                dict(cuda_tensor.SimCudaTensor._special),
-                lambda func, args, kwargs: cuda_tensor.dispatch(func, args, kwargs, apart=False),
-            )
-        )
+        for checks in (sync_debug.handlers, determinism.handlers):  # waits for the GPU; nondeterministic kernels
+            cuda_tensor.add_special(checks(dict(cuda_tensor.SimCudaTensor._special), _past_handler))
         cuda_attention.install()
         host_arguments.install()
         cuda_group.register()
@@ -516,6 +517,10 @@ def reconfigure() -> None:
         _on_cuda_start(gpus)
 
 
+def _past_handler(func: Any, args: tuple, kwargs: dict) -> Any:
+    return cuda_tensor.dispatch(func, args, kwargs, apart=False)
+
+
 def _from_dlpack(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     def from_dlpack(ext_tensor: Any) -> torch.Tensor:
         """`torch.from_dlpack`: a simulated GPU tensor's DLPack view is a tensor on its memory, without autograd."""
@@ -546,6 +551,7 @@ def reset(local_rank: int | None = None, fresh: bool = False) -> None:
     gpus.reset(local_rank % gpus.physical, initialized=not fresh)
     cuda_autocast.reset()
     sync_debug.set_sync_debug_mode(0)
+    torch.use_deterministic_algorithms(False)  # as a new process starts (a test may have left it on)
 
 
 # -- the backend ------------------------------------------------------------------------------------------
