@@ -6,9 +6,11 @@ user's script does. Blocks of `--steps` steps alternate between memory counting 
 default: every storage counted as the CUDA caching allocator counts it) and off
 (``ACCEL_SIM_GPU_MEMORY=0``), `--rounds` times, so both run under the same load; the
 ratio of each pair is reported (median and range over pairs and ranks), with the peak
-memory the counted steps reached.
+memory the counted steps reached. With `--history`, the pairs are counted steps with PyTorch's
+memory tracker recording (`torch.cuda.memory._record_memory_history(max_entries=100000)`, as
+torchtitan's memory snapshots turn it on) against counted steps without it.
 
-    python benchmarks/bench_sim_memory.py [--ranks 2] [--width 512] [--layers 4] [--batch 64]
+    python benchmarks/bench_sim_memory.py [--ranks 2] [--width 512] [--layers 4] [--batch 64] [--history]
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import statistics
 import time
 
 
-def side_by_side(width: int, layers: int, batch: int, steps: int, rounds: int) -> dict:
-    """In a simulated GPU rank: alternate blocks of DDP steps with memory counting on and off."""
+def side_by_side(width: int, layers: int, batch: int, steps: int, rounds: int, history: bool = False) -> dict:
+    """In a simulated GPU rank: alternate blocks of DDP steps with memory counting on and off (`history`: counted
+    steps with the memory tracker recording, and without)."""
     import os
 
     import torch
@@ -44,8 +47,11 @@ def side_by_side(width: int, layers: int, batch: int, steps: int, rounds: int) -
     y = torch.randn(batch, 1, device="cuda")
     card = cuda_properties.model()
 
-    def run(counting: bool) -> float:
-        if counting:
+    def run(first: bool) -> float:
+        if history:
+            cuda_memory.install(card, torch.cuda.device_count())
+            torch.cuda.memory._record_memory_history(enabled="all" if first else None, max_entries=100000)
+        elif first:
             cuda_memory.install(card, torch.cuda.device_count())
         else:
             cuda_memory.uninstall()
@@ -72,12 +78,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--history", action="store_true", help="memory tracker recording on/off (counted both)")
     args = parser.parse_args()
     from accel.sim import launch
 
     results = launch(
         side_by_side,
-        args=(args.width, args.layers, args.batch, args.steps, args.rounds),
+        args=(args.width, args.layers, args.batch, args.steps, args.rounds, args.history),
         world_size=args.ranks,
         device="cuda",
         timeout=600,
@@ -86,12 +93,14 @@ def main() -> None:
     ratios = [on / off for result in results for on, off in result["pairs"]]
     steps_on = statistics.median(on for result in results for on, _ in result["pairs"])
     steps_off = statistics.median(off for result in results for _, off in result["pairs"])
+    first, second = ("recorded", "not recorded") if args.history else ("counted", "not counted")
     print(
         f"DDP step on {args.ranks} simulated GPUs (MLP {args.layers}x{args.width}, batch {args.batch}): "
-        f"counted {steps_on * 1e3:.2f} ms, not counted {steps_off * 1e3:.2f} ms"
+        f"{first} {steps_on * 1e3:.2f} ms, {second} {steps_off * 1e3:.2f} ms"
     )
+    what = "memory tracker recording" if args.history else "memory counting"
     print(
-        f"memory counting on/off: median {statistics.median(ratios):.3f}x "
+        f"{what} on/off: median {statistics.median(ratios):.3f}x "
         f"(range {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} pairs); "
         f"peak allocated {results[0]['peak'] / 2**20:.1f} MiB per rank"
     )

@@ -450,50 +450,9 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
     gpus = cuda_state.install(count, local_rank % count)
     gpus.on_start.append(_on_cuda_start)
     if not _registered:
-        hidden.register(cuda_state.HIDDEN_DEVICE, _HiddenDeviceModule())  # autograd on the calling thread
-        torch_internals.serve_pinned_memory()
-        torch_internals.answer_cuda_bad_fork()
-        cuda_kernels.install()
-        cuda_autocast.install()
-        cuda_checkpoint.install()
-        torch_internals.allow_foreach(cuda_tensor.SimCudaTensor)
-        moves.install(cuda_tensor.SimCudaTensor)  # parameters keep their identity when they move
-        torch_internals.show_hidden_as(cuda_state.HIDDEN_DEVICE, _gpu)
-        torch_internals.build_wrapper_subclasses_on(cuda_state.HIDDEN_DEVICE, "cuda")
-        torch_internals.on_storage_resize(cuda_memory.resize)
-        torch.autograd.backward = _raising_pending_oom(torch.autograd.backward)
-        torch.autograd.grad = _raising_pending_oom(torch.autograd.grad)
-        torch_internals.serve_parallel_copies(parallel_copies.FUNCTIONS)  # nn.DataParallel's copies
-        torch.from_dlpack = torch.utils.dlpack.from_dlpack = _from_dlpack(torch.utils.dlpack.from_dlpack)
-        torch.cuda.nccl.is_available = lambda tensors: False  # no single-process NCCL: copies
-        torch.Generator = generators.generator_type(lambda device: cuda_state.gpus().resolve(device))  # type: ignore[misc, assignment]  # simulated ranks only
-        cuda_accelerator.install()
-        cuda_profiler.install()  # NVTX, cudart's profiler calls: as with no profiling tool attached
-        cuda_extensions.install()  # JIT-built CUDA extensions: stand-ins in torch ops, or refused at once
-        torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
-        torch_internals.seed_dtensor_shards_from_cpu_generators()
-        torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, _gpu)
-        cuda_tensor.add_special(
-            {
-                **cuda_functional.handlers(),
-                **cuda_attention.handlers(),
-                **cuda_blas.handlers(),
-                **norm_kernels.handlers(),  # SyncBatchNorm's CUDA-only ops
-                **rnn_kernels.handlers(),  # the fused LSTM and GRU cells
-                **host_arguments.handlers(),  # packed sequences' and CTC's lengths on the host
-            }
-        )
-        for checks in (sync_debug.handlers, determinism.handlers):  # waits for the GPU; nondeterministic kernels
-            cuda_tensor.add_special(checks(dict(cuda_tensor.SimCudaTensor._special), _past_handler))
-        cuda_attention.install()
-        host_arguments.install()
-        cuda_group.register()
-        torch_internals.record_no_flights_of(carried.PythonGroup)  # the simulated NCCL groups are Python's
-        torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
-        sim_compile.install(
-            (cuda_tensor.SimCudaTensor,), cuda_memory.pause, cuda_memory.resume, _compiled_buffers_runtime()
-        )
-        torch.version.cuda = CUDA_VERSION  # a CPU build says None
+        _register_device()
+        _register_kernels()
+        _register_torch_functions()
         _registered.append(True)
     cuda_tensor.set_device_count(count)
     for name, replacement in _patches().items():
@@ -505,6 +464,62 @@ def install(local_rank: int | None = None, device_count: int | None = None) -> N
             setattr(module, name, replacement)
     for name, replacement in cuda_properties.history_patches().items():
         setattr(torch.cuda.memory, name, replacement)
+
+
+def _register_device() -> None:
+    """Once per process: the hidden device under simulated GPUs, and what torch's C++ asks of it."""
+    hidden.register(cuda_state.HIDDEN_DEVICE, _HiddenDeviceModule())  # autograd on the calling thread
+    torch_internals.serve_pinned_memory()
+    torch_internals.answer_cuda_bad_fork()
+    cuda_kernels.install()
+    cuda_autocast.install()
+    cuda_checkpoint.install()
+    torch_internals.allow_foreach(cuda_tensor.SimCudaTensor)
+    moves.install(cuda_tensor.SimCudaTensor)  # parameters keep their identity when they move
+    torch_internals.show_hidden_as(cuda_state.HIDDEN_DEVICE, _gpu)
+    torch_internals.build_wrapper_subclasses_on(cuda_state.HIDDEN_DEVICE, "cuda")
+    torch_internals.on_storage_resize(cuda_memory.resize)
+    torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
+    torch_internals.seed_dtensor_shards_from_cpu_generators()
+    torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, _gpu)
+    cuda_group.register()
+    torch_internals.record_no_flights_of(carried.PythonGroup)  # the simulated NCCL groups are Python's
+
+
+def _register_kernels() -> None:
+    """Once per process: the ops a GPU runs apart from the host's kernels, and the checks it makes on others."""
+    cuda_tensor.add_special(
+        {
+            **cuda_functional.handlers(),
+            **cuda_attention.handlers(),
+            **cuda_blas.handlers(),
+            **norm_kernels.handlers(),  # SyncBatchNorm's CUDA-only ops
+            **rnn_kernels.handlers(),  # the fused LSTM and GRU cells
+            **host_arguments.handlers(),  # packed sequences' and CTC's lengths on the host
+        }
+    )
+    for checks in (sync_debug.handlers, determinism.handlers):  # waits for the GPU; nondeterministic kernels
+        cuda_tensor.add_special(checks(dict(cuda_tensor.SimCudaTensor._special), _past_handler))
+    cuda_attention.install()
+    host_arguments.install()
+    sim_compile.install(
+        (cuda_tensor.SimCudaTensor,), cuda_memory.pause, cuda_memory.resume, _compiled_buffers_runtime()
+    )
+
+
+def _register_torch_functions() -> None:
+    """Once per process: torch's Python functions that would reach the CUDA library, answered here."""
+    torch.autograd.backward = _raising_pending_oom(torch.autograd.backward)
+    torch.autograd.grad = _raising_pending_oom(torch.autograd.grad)
+    torch_internals.serve_parallel_copies(parallel_copies.FUNCTIONS)  # nn.DataParallel's copies
+    torch.from_dlpack = torch.utils.dlpack.from_dlpack = _from_dlpack(torch.utils.dlpack.from_dlpack)
+    torch.cuda.nccl.is_available = lambda tensors: False  # no single-process NCCL: copies
+    torch.Generator = generators.generator_type(lambda device: cuda_state.gpus().resolve(device))  # type: ignore[misc, assignment]  # simulated ranks only
+    torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
+    cuda_accelerator.install()
+    cuda_profiler.install()  # NVTX, cudart's profiler calls: as with no profiling tool attached
+    cuda_extensions.install()  # JIT-built CUDA extensions: stand-ins in torch ops, or refused at once
+    torch.version.cuda = CUDA_VERSION  # a CPU build says None
 
 
 def reconfigure() -> None:
