@@ -174,6 +174,15 @@ def test_gpu_generators_draw_for_their_gpu_and_are_torch_generators(rank):
     assert other.device.index == (rank + 1) % torch.cuda.device_count()
     with pytest.raises(RuntimeError, match="invalid device ordinal"):
         torch.Generator(device=f"cuda:{torch.cuda.device_count()}")
+    # pickled and deep-copied as a GPU's generator, its state kept
+    import copy
+    import pickle
+
+    copies = (pickle.loads(pickle.dumps(generator)), copy.deepcopy(generator))
+    expected = torch.rand(3, device="cuda", generator=generator)
+    for copied in copies:
+        assert copied.device == generator.device and copied is not generator
+        assert torch.equal(torch.rand(3, device="cuda", generator=copied), expected)
 
 
 @distributed_test(world_size=2, device="cuda")

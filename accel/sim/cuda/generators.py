@@ -62,6 +62,10 @@ class GpuGenerator(torch._C.Generator):
     def __repr__(self) -> str:
         return f"<torch.Generator object on {self._device}>"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled (and deep-copied) as a GPU's generator: `torch.Generator(device="cuda:k")` with its state
+        return (torch.Generator, (self._device,), *super().__reduce__()[2:])
+
 
 def generator_type(resolve: Any) -> type:
     """The `torch.Generator` of simulated ranks; `resolve(device)` names the simulated GPU a device means
