@@ -443,3 +443,35 @@ def _stream_caches():
 def test_cached_blocks_serve_only_the_stream_they_were_allocated_on():
     # torch's caching allocator keys its pools by stream: a block freed by a stream's tensor is reused on that stream
     assert accel.sim.launch(_stream_caches, world_size=1, device="cuda") == [(512 * MiB, 512 * MiB, True)]
+
+
+@distributed_test(world_size=[2, 4], device="cuda")
+def test_raw_allocations_come_from_the_caching_allocator():
+    before = torch.cuda.memory_allocated()
+    address = torch.cuda.caching_allocator_alloc(3 * MiB)
+    assert isinstance(address, int) and torch.cuda.memory_allocated() == before + 3 * MiB
+    side = torch.cuda.Stream()
+    other = torch.cuda.caching_allocator_alloc(1000, stream=side)
+    segments = {s["address"]: s for s in torch.cuda.memory_snapshot()}
+    assert segments[other]["stream"] != 0 and segments[other]["segment_type"] == "small"  # the side stream's pool
+    torch.cuda.caching_allocator_delete(address)
+    torch.cuda.caching_allocator_delete(other)
+    assert torch.cuda.memory_allocated() == before
+    try:
+        torch.cuda.caching_allocator_delete(address)
+    except RuntimeError as error:
+        assert "invalid device pointer" in str(error)
+    else:
+        raise AssertionError("a second delete was accepted")
+    try:
+        torch.cuda.caching_allocator_alloc(16, stream="side")
+    except TypeError as error:
+        assert "Invalid type for stream argument" in str(error)
+    else:
+        raise AssertionError("a string stream was accepted")
+    try:
+        torch.cuda.caching_allocator_alloc(1 << 50)
+    except torch.cuda.OutOfMemoryError:
+        pass
+    else:
+        raise AssertionError("no out-of-memory")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import sys
 from typing import Any
 
@@ -179,6 +180,37 @@ def memory_snapshot(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
     return snapshot()["segments"]
 
 
+#: blocks handed out by `caching_allocator_alloc`, by the address it returned
+_raw_blocks: dict[int, tuple[int, Any]] = {}
+_raw_addresses = itertools.count(1 << 39, 512)  # while memory is not counted: addresses of no block
+
+
+def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+    """`torch.cuda.caching_allocator_alloc`: `size` bytes from the simulated allocator, on `stream` (default: the
+    device's current one), as an address for `caching_allocator_delete` (out-of-memory as on the card)."""
+    index = _index(device)
+    if stream is not None and not isinstance(stream, int) and not hasattr(stream, "sim_id"):
+        raise TypeError(
+            "Invalid type for stream argument, must be `torch.cuda.Stream` or `int` representing a pointer to an "
+            "existing stream"
+        )
+    import torch.cuda
+
+    with torch.cuda.stream(stream if hasattr(stream, "sim_id") else None):
+        block = cuda_memory.reserve(index, size)
+    address = block.addr if block is not None else next(_raw_addresses)
+    _raw_blocks[address] = (index, block)
+    return address
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """`torch.cuda.caching_allocator_delete`: give back what `caching_allocator_alloc` returned at `mem_ptr`."""
+    found = _raw_blocks.pop(mem_ptr, None)
+    if found is None:
+        raise RuntimeError(f"invalid device pointer: {hex(mem_ptr)}")
+    cuda_memory.unreserve(*found)
+
+
 def _allocators() -> list[Any]:
     """The allocators of the process's simulated GPUs, CUDA started (none while memory is not counted)."""
     cuda_state.gpus().start()
@@ -257,6 +289,8 @@ def memory_patches() -> dict[str, Any]:
         "set_per_process_memory_fraction": set_per_process_memory_fraction,
         "get_per_process_memory_fraction": get_per_process_memory_fraction,
         "memory_snapshot": memory_snapshot,
+        "caching_allocator_alloc": caching_allocator_alloc,
+        "caching_allocator_delete": caching_allocator_delete,
     }
 
 
