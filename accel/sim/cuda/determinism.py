@@ -37,6 +37,14 @@ def _floating(args: tuple, kwargs: dict) -> bool:
     return args[0].is_floating_point() or args[0].is_complex()
 
 
+def _product(args: tuple, kwargs: dict) -> bool:
+    return _arg(args, kwargs, 4, "reduce") == "prod"
+
+
+def _accumulating(args: tuple, kwargs: dict) -> bool:
+    return bool(_arg(args, kwargs, 3, "accumulate", False))
+
+
 #: aten op -> (the CUDA kernel's caller name in torch's message, when it alerts)
 _ALERTS: dict[Any, tuple[str, Any]] = {
     aten._adaptive_avg_pool2d_backward.default: ("adaptive_avg_pool2d_backward_cuda", _always),
@@ -76,18 +84,12 @@ _ALERTS: dict[Any, tuple[str, Any]] = {
     aten.grid_sampler_3d_backward.default: ("grid_sampler_3d_backward_cuda", _always),
     aten.cumsum.default: ("cumsum_cuda_kernel", _floating),
     aten.cumsum_.default: ("cumsum_cuda_kernel", _floating),
-    aten.scatter_reduce.two: (
-        "scatter_reduce_cuda_prod_",
-        lambda args, kwargs: _arg(args, kwargs, 4, "reduce") == "prod",
-    ),
-    aten.scatter_reduce_.two: (
-        "scatter_reduce_cuda_prod_",
-        lambda args, kwargs: _arg(args, kwargs, 4, "reduce") == "prod",
-    ),
+    aten.scatter_reduce.two: ("scatter_reduce_cuda_prod_", _product),
+    aten.scatter_reduce_.two: ("scatter_reduce_cuda_prod_", _product),
     aten.index_reduce.default: ("index_reduce_cuda", _always),
     aten.index_reduce_.default: ("index_reduce_cuda", _always),
-    aten.put_.default: ("put_", lambda args, kwargs: bool(_arg(args, kwargs, 3, "accumulate", False))),
-    aten.put.default: ("put_", lambda args, kwargs: bool(_arg(args, kwargs, 3, "accumulate", False))),
+    aten.put_.default: ("put_", _accumulating),
+    aten.put.default: ("put_", _accumulating),
 }
 
 
