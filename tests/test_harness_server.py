@@ -406,3 +406,22 @@ def test_the_threads_torch_import_started_are_known_and_its_loader_is_its_own():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "threads" in done.stdout
+
+
+def test_intermediate_processes_left_detached_are_reaped_at_exit(monkeypatch):
+    import subprocess
+    import sys
+    import time
+
+    done = subprocess.Popen([sys.executable, "-c", "pass"])  # ends at once, not reaped yet
+    lasting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    monkeypatch.setattr(forking, "_detached", [done, lasting])
+    time.sleep(0.5)
+    started = time.monotonic()
+    forking.reap_detached(timeout=1.0)
+    try:
+        assert done.returncode == 0  # reaped: no "still running" warning when collected
+        assert forking._detached == [lasting] and time.monotonic() - started < 5  # one still running is waited for
+    finally:
+        lasting.kill()
+        lasting.wait()

@@ -19,6 +19,7 @@ exitcode, join) and the parent's end of its connection.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -640,6 +641,22 @@ def _spawn(path: str, key: str, plan: dict[str, Any] | None = None, wait: bool =
 
 #: intermediate processes of servers started without waiting
 _detached: list[subprocess.Popen] = []
+
+
+def reap_detached(timeout: float = 2.0) -> None:
+    """At exit: wait for the servers' intermediate processes (each exits once its server is a daemon).
+
+    A Popen object collected before its process was reaped says "subprocess N is still running" even when the
+    process has ended; reaped here, it says nothing, and none is left a zombie of this process.
+    """
+    deadline = time.monotonic() + timeout
+    for proc in _detached:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(deadline - time.monotonic(), 0.0))
+    _detached[:] = [proc for proc in _detached if proc.returncode is None]
+
+
+atexit.register(reap_detached)
 
 
 def _log_path(path: str) -> str:
