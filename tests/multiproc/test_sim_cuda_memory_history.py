@@ -226,3 +226,22 @@ def test_torchs_viewer_reads_the_dump(tmp_path):
     assert "MemoryViz.js" in html and len(html) > 1000
     assert _made_here.__name__ in _memory_viz.memory(snapshot, format_flamegraph=lambda lines: lines)
     del kept
+
+
+@distributed_test(world_size=[2], device="cuda")
+def test_entries_carry_the_threads_metadata():
+    import threading
+
+    torch.cuda.memory._record_memory_history()
+    torch.cuda.memory._set_memory_metadata("step 3")
+    _made_here(1000)
+    assert torch.cuda.memory._get_memory_metadata() == "step 3"
+    seen = []
+    other = threading.Thread(target=lambda: seen.append(torch.cuda.memory._get_memory_metadata()))
+    other.start()
+    other.join()
+    assert seen == [""]  # per thread, as torch keeps it
+    torch.cuda.memory._set_memory_metadata("")
+    _made_here(2000)
+    allocs = [e for e in _trace() if e["action"] == "alloc"]
+    assert [(e["size"], e["user_metadata"]) for e in allocs] == [(1000, "step 3"), (2000, "")]

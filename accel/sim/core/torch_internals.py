@@ -1714,6 +1714,8 @@ INTERNALS["torch.cuda.memory._record_memory_history_impl"] = (
 )
 INTERNALS["torch.cuda.memory._record_memory_history_legacy"] = "and its older form, _record_memory_history(True)"
 INTERNALS["torch.cuda.memory._snapshot"] = "and _snapshot / _dump_snapshot hand out the simulated allocators' state"
+INTERNALS["torch.cuda.memory._set_memory_metadata"] = "and the text its entries carry (user_metadata)"
+INTERNALS["torch.cuda.memory._get_memory_metadata"] = "and reading that text back"
 INTERNALS["torch._utils._augment_memory_snapshot_stack_traces"] = (
     "_snapshot(augment_with_fx_traces=True) on simulated GPUs adds the FX nodes to the stacks as torch's does"
 )

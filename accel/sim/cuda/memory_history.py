@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,7 @@ class History:
         if not self.recording or action in self.skip:
             return
         entry: dict[str, Any] = {"action": action, "addr": addr, "size": size, "stream": stream}
-        entry.update(compile_context="N/A", user_metadata="")
+        entry.update(compile_context="N/A", user_metadata=get_metadata())
         if frames is not None and self.level >= _LEVELS["alloc"]:
             entry["frames"] = frames
         entry["time_us"] = time.time_ns() // 1000
@@ -97,6 +98,22 @@ class History:
         if self.entries and self.entries[-1]["action"] == "oom":
             entry = self.entries[-1]
             entry["device_free"] = entry.pop("addr")
+
+
+#: `torch.cuda.memory._set_memory_metadata`'s text, per thread (as torch keeps it)
+_metadata = threading.local()
+
+
+def set_metadata(metadata: str) -> None:
+    """`_set_memory_metadata(text)`: the trace's entries made by this thread carry `text` ("" clears it)."""
+    if not isinstance(metadata, str):
+        raise TypeError(f"metadata must be a str, got {type(metadata).__name__}")
+    _metadata.text = metadata
+
+
+def get_metadata() -> str:
+    """`_get_memory_metadata()`: the text this thread's entries carry."""
+    return getattr(_metadata, "text", "")
 
 
 def python_frames() -> list[dict[str, Any]]:

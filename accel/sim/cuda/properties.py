@@ -274,6 +274,8 @@ def history_patches() -> dict[str, Any]:
         "_record_memory_history_impl": record_memory_history,
         "_record_memory_history_legacy": record_memory_history_legacy,
         "_snapshot": snapshot,
+        "_set_memory_metadata": memory_history.set_metadata,
+        "_get_memory_metadata": memory_history.get_metadata,
     }
 
 
