@@ -136,18 +136,14 @@ def raise_pending() -> None:
             del error  # (no frame of the backward kept alive through the traceback)
 
 
-def handlers(previous: dict[Any, Any], dispatch: Any) -> dict[Any, Any]:
-    """Handlers for the ops above: checked, then run by the handler they had in `previous`, else as any op
-    (`dispatch(func, args, kwargs)`)."""
+def checks() -> dict[Any, Any]:
+    """op -> `check(args, kwargs)`, run before the op: the alert of its CUDA kernel, while determinism is on."""
 
-    def handler(func: Any, caller: str, condition: Any) -> Any:
-        then = previous.get(func) or (lambda args, kwargs: dispatch(func, args, kwargs))
-
-        def run(args: tuple, kwargs: dict) -> Any:
+    def check(caller: str, condition: Any) -> Any:
+        def run(args: tuple, kwargs: dict) -> None:
             if torch.are_deterministic_algorithms_enabled() and condition(args, kwargs):
                 alert(caller)
-            return then(args, kwargs)
 
         return run
 
-    return {func: handler(func, caller, condition) for func, (caller, condition) in _ALERTS.items()}
+    return {func: check(caller, condition) for func, (caller, condition) in _ALERTS.items()}

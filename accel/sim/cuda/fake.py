@@ -498,8 +498,8 @@ def _register_kernels() -> None:
             **host_arguments.handlers(),  # packed sequences' and CTC's lengths on the host
         }
     )
-    for checks in (sync_debug.handlers, determinism.handlers):  # waits for the GPU; nondeterministic kernels
-        cuda_tensor.add_special(checks(dict(cuda_tensor.SimCudaTensor._special), _past_handler))
+    for checks in (sync_debug.checks(), determinism.checks()):  # waits for the GPU; nondeterministic kernels
+        cuda_tensor.add_special(_checked_first(checks))
     cuda_attention.install()
     host_arguments.install()
     sim_compile.install(
@@ -534,6 +534,22 @@ def reconfigure() -> None:
 
 def _past_handler(func: Any, args: tuple, kwargs: dict) -> Any:
     return cuda_tensor.dispatch(func, args, kwargs, apart=False)
+
+
+def _checked_first(checks: dict[Any, Any]) -> dict[Any, Any]:
+    """Handlers that run each op's `check(args, kwargs)`, then the handler the op had (else the op as any op)."""
+    previous = dict(cuda_tensor.SimCudaTensor._special)
+
+    def handler(func: Any, check: Any) -> Any:
+        then = previous.get(func) or functools.partial(_past_handler, func)
+
+        def run(args: tuple, kwargs: dict) -> Any:
+            check(args, kwargs)
+            return then(args, kwargs)
+
+        return run
+
+    return {func: handler(func, check) for func, check in checks.items()}
 
 
 def _from_dlpack(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -79,18 +79,14 @@ _DATA_SIZED: dict[Any, Any] = {
 }
 
 
-def handlers(previous: dict[Any, Any], dispatch: Any) -> dict[Any, Any]:
-    """Handlers for the data-sized ops: reported, then run by the handler they had in `previous`, else as any op
-    (`dispatch(func, args, kwargs)`)."""
+def checks() -> dict[Any, Any]:
+    """op -> `check(args, kwargs)`, run before the op: reports the data-sized ops' wait for the GPU."""
 
-    def handler(func: Any, condition: Any) -> Any:
-        then = previous.get(func) or (lambda args, kwargs: dispatch(func, args, kwargs))
-
-        def run(args: tuple, kwargs: dict) -> Any:
+    def check(condition: Any) -> Any:
+        def run(args: tuple, kwargs: dict) -> None:
             if _mode[0] and (condition is None or condition(args, kwargs)):
                 synchronizing()
-            return then(args, kwargs)
 
         return run
 
-    return {func: handler(func, condition) for func, condition in _DATA_SIZED.items()}
+    return {func: check(condition) for func, condition in _DATA_SIZED.items()}
