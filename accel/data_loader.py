@@ -168,30 +168,9 @@ def prepare_data_loader(
             is then part of the loader's `state_dict`).
         torch_device_mesh: accepted for compatibility; only None (plain data parallelism).
     """
-    if not isinstance(dataloader, DataLoader):
-        raise TypeError(f"prepare_data_loader() takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
-    check_device_mesh(torch_device_mesh)
-    if num_processes is None or process_index is None:
-        state = _partial_state()
-        num_processes = state.num_processes if num_processes is None else num_processes
-        process_index = state.process_index if process_index is None else process_index
-    check_process(num_processes, process_index)
-    iterable = isinstance(dataloader.dataset, IterableDataset)
-    if dispatch_batches is None:
-        dispatch_batches = iterable and put_on_device
-    if put_on_device and device is None:
-        device = _partial_state().device
-    batch_size = dataloader.batch_size
-    if split_batches and batch_size is not None and batch_size % num_processes != 0:
-        raise ValueError(
-            "split_batches=True needs a batch size that is a round multiple of the number of processes: "
-            f"batch_size={batch_size} cannot be split across num_processes={num_processes}. Use a batch size that "
-            f"is a multiple of {num_processes}, or split_batches=False."
-        )
+    _refuse_unshardable(dataloader, torch_device_mesh)
     options = LoaderOptions(
-        num_processes=num_processes,
-        process_index=process_index,
-        device=device if put_on_device else None,
+        **_placement(num_processes, process_index, device, put_on_device),
         rng_types=rng_types,
         non_blocking=non_blocking,
         split_batches=split_batches,
@@ -202,6 +181,49 @@ def prepare_data_loader(
         use_stateful_dataloader=use_stateful_dataloader,
         drop_last=dataloader.drop_last,
     )
+    return _build_prepared(dataloader, options, dispatch_batches, put_on_device)
+
+
+def _refuse_unshardable(dataloader: Any, torch_device_mesh: Any) -> None:
+    """Fail early on what `prepare_data_loader` cannot shard: not a DataLoader, or a device mesh."""
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"prepare_data_loader() takes a torch.utils.data.DataLoader, got {type(dataloader).__name__}")
+    check_device_mesh(torch_device_mesh)
+
+
+def _placement(
+    num_processes: int | None, process_index: int | None, device: torch.device | None, put_on_device: bool
+) -> dict[str, Any]:
+    """The checked process layout (default: the running processes) and where batches go, as `LoaderOptions` fields."""
+    if num_processes is None or process_index is None:
+        state = _partial_state()
+        num_processes = state.num_processes if num_processes is None else num_processes
+        process_index = state.process_index if process_index is None else process_index
+    check_process(num_processes, process_index)
+    if put_on_device and device is None:
+        device = _partial_state().device
+    return {"num_processes": num_processes, "process_index": process_index, "device": device if put_on_device else None}
+
+
+def _check_split_batches(batch_size: int | None, options: LoaderOptions) -> None:
+    """With `split_batches`, every process needs an equal slice of each batch."""
+    num_processes = options.num_processes
+    if options.split_batches and batch_size is not None and batch_size % num_processes != 0:
+        raise ValueError(
+            "split_batches=True needs a batch size that is a round multiple of the number of processes: "
+            f"batch_size={batch_size} cannot be split across num_processes={num_processes}. Use a batch size that "
+            f"is a multiple of {num_processes}, or split_batches=False."
+        )
+
+
+def _build_prepared(
+    dataloader: DataLoader, options: LoaderOptions, dispatch_batches: bool | None, put_on_device: bool
+) -> Any:
+    """This process's loader: batches dispatched from the main process, or its shard of the dataset or sampler."""
+    _check_split_batches(dataloader.batch_size, options)
+    iterable = isinstance(dataloader.dataset, IterableDataset)
+    if dispatch_batches is None:  # as Accelerate: iterable datasets put on a device are dispatched
+        dispatch_batches = iterable and put_on_device
     prepared: Any
     if dispatch_batches:
         prepared = _dispatcher(dataloader, options)
@@ -211,7 +233,7 @@ def prepare_data_loader(
         prepared = _shard_map_style(dataloader, options)
 
     if put_on_device:
-        return _on_device(prepared, device)
+        return _on_device(prepared, options.device)
     return prepared
 
 
