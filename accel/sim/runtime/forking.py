@@ -33,7 +33,6 @@ import select
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -41,6 +40,11 @@ from typing import Any
 
 from accel.sim.diagnoses import stacks
 from accel.sim.runtime import entry
+
+# project_folder and server_directory stay reachable here, where they lived before server_sockets
+from accel.sim.runtime.server_sockets import project_folder as project_folder
+from accel.sim.runtime.server_sockets import server_directory as server_directory
+from accel.sim.runtime.server_sockets import socket_path
 
 # A rank's stack ends in the rank server's frames (it was forked there): machinery, not the user's code.
 stacks.hide_in_stacks(os.path.join(os.path.dirname(os.path.abspath(__file__)), "server.py"))
@@ -444,42 +448,6 @@ def client() -> ServerClient:
             _client = _connect()
             _client_pid = os.getpid()
         return _client
-
-
-def server_directory() -> str:
-    """This user's folder of rank server sockets (private to the user)."""
-    path = os.path.join(tempfile.gettempdir(), f"accel-sim-{os.getuid()}")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    stat = os.stat(path)
-    if stat.st_uid != os.getuid() or stat.st_mode & 0o077:
-        raise RuntimeError(f"{path} must belong to this user and be private to it (mode 700)")
-    return path
-
-
-def project_folder() -> str:
-    """The project a session works on: the top level of the git work tree holding the working
-    directory (the nearest folder at or above it with a `.git`), else the working directory.
-
-    The rank servers of one project bound each other (`accel.sim.runtime.server`: at most one of
-    them idle), whichever subfolder, interpreter or environment each session ran with.
-    """
-    start = os.path.realpath(os.getcwd())
-    folder = start
-    while not os.path.exists(os.path.join(folder, ".git")):
-        parent = os.path.dirname(folder)
-        if parent == folder:  # the root, and no work tree above: the working directory alone
-            return start
-        folder = parent
-    return folder
-
-
-def socket_path(key: str) -> str:
-    """Where the rank server of `key` listens: ``<project>-<key>.sock`` in `server_directory`.
-
-    The project (`project_folder`, hashed) comes first so that a server finds the other servers
-    of its project by name alone (`accel.sim.runtime.server.sibling_sockets`)."""
-    project = hashlib.sha256(project_folder().encode()).hexdigest()[:16]
-    return os.path.join(server_directory(), f"{project}-{key[:32]}.sock")
 
 
 def server_environment() -> dict[str, str]:

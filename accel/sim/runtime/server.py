@@ -10,7 +10,7 @@ after the other and by the `pytest -n N` workers of a session, on these terms:
   variables that name one session's moment: PYTEST_*, coverage's start-up variables) and
   the modules to preload. Sessions that differ in any of these get different servers.
 - **Bounded: at most one idle server per project.** The name starts with a hash of the
-  project (`accel.sim.runtime.forking.project_folder`: the git work tree of the working
+  project (`accel.sim.runtime.server_sockets.project_folder`: the git work tree of the working
   directory, else that directory): ``<project>-<key>.sock``. Whenever a server becomes
   idle (as it starts, and each time its last client left and its ranks are gone), it asks
   the other servers of its project to stop if idle (``stop-if-idle``); one stops only when
@@ -60,6 +60,8 @@ import sysconfig
 import time
 import traceback
 from typing import Any
+
+from accel.sim.runtime.server_sockets import server_directory, sibling_sockets
 
 #: seconds a server waits without clients before it exits
 IDLE_TIMEOUT = float(os.environ.get("ACCEL_SIM_SERVER_IDLE", "900"))
@@ -549,24 +551,6 @@ def _show_warning(message: Any) -> None:
         file.write(warnings._formatwarnmsg(message))  # type: ignore[attr-defined]
 
 
-def sibling_sockets(path: str) -> list[str]:
-    """The sockets of the other servers of the project of the server listening at `path`: those
-    of its folder whose name starts with the same project hash (``<project>-<key>.sock``)."""
-    folder, name = os.path.split(path)
-    project, dash, _ = name.partition("-")
-    if not dash:
-        return []
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
-    return [
-        os.path.join(folder, other)
-        for other in sorted(names)
-        if other != name and other.startswith(project + dash) and other.endswith(".sock")
-    ]
-
-
 def stop_all(directory: str) -> int:
     """Ask every server whose socket is in `directory` to stop; how many were asked."""
     count = 0
@@ -601,9 +585,7 @@ def main(argv: list[str] | None = None) -> None:
     commands.add_parser("stop", help="stop this user's rank servers (their ranks too)")
     args = parser.parse_args(argv)
     if args.command == "stop":
-        from accel.sim.runtime import forking
-
-        print(f"asked {stop_all(forking.server_directory())} rank server(s) to stop")
+        print(f"asked {stop_all(server_directory())} rank server(s) to stop")
         return
     serve(args.fd, args.path, args.key, [name for name in args.preload.split(",") if name], args.idle)
 
