@@ -204,7 +204,7 @@ def dispatch_model(
     `offload_dir` (written there first when it has no index yet).
     """
     check_device_map(model, device_map)
-    disk_modules = [name for name, device in device_map.items() if str(device) == "disk"]
+    disk_modules = _modules_on(device_map, "disk")
     if disk_modules and offload_dir is None and offload_index is None:
         raise ValueError(
             "We need an `offload_dir` to dispatch this model according to this `device_map`, the following "
@@ -212,41 +212,16 @@ def dispatch_model(
         )
     devices = set(map(str, device_map.values()))
     if len(devices) == 1 and not devices & {"cpu", "disk"} and not force_hooks:
-        device = next(iter(device_map.values()))
-        model.to(device)
+        model.to(next(iter(device_map.values())))
         setattr(model, "hf_device_map", dict(device_map))  # noqa: B010
         return model
     if main_device is None:
         main_device = _main_device(device_map)
-    cpu_modules = [name for name, device in device_map.items() if str(device) == "cpu"]
-
-    def weights_of(modules: list[str]) -> dict[str, torch.Tensor]:
-        return {
-            key: value.to("cpu")
-            for key, value in model.state_dict().items()
-            if any(key == m or key.startswith(m + ".") or m == "" for m in modules)
-        }
-
-    if state_dict is None and cpu_modules:
-        state_dict = weights_of(cpu_modules)
-    weights_map: Any = state_dict
-    if disk_modules:
-        from accel.utils.offload import INDEX_NAME, OffloadedWeightsLoader, offload_state_dict
-
-        on_disk = offload_index is not None or os.path.isfile(os.path.join(offload_dir, INDEX_NAME))  # type: ignore[arg-type]
-        if not on_disk:  # weights still in the model (not loaded with load_checkpoint_in_model): write them
-            offload_state_dict(offload_dir, weights_of(disk_modules))  # type: ignore[arg-type]
-        weights_map = OffloadedWeightsLoader(state_dict=state_dict, save_folder=offload_dir, index=offload_index)
+    weights_map = _offloaded_weights(model, device_map, state_dict, offload_dir, offload_index)
     offloaded = ("cpu", "disk")
     execution = {name: main_device if str(device) in offloaded else device for name, device in device_map.items()}
     offload = {name: str(device) in offloaded for name, device in device_map.items()}
     tied = find_tied_parameters(model)
-    tied_params_map: dict[int, dict[torch.device, torch.Tensor]] = {}
-    for group in tied:
-        for name in group:
-            param = model.get_parameter(name)
-            if param.device.type != "meta":
-                tied_params_map[param.data_ptr()] = {}
     attach_align_device_hook_on_blocks(
         model,
         execution_device=execution,
@@ -255,15 +230,69 @@ def dispatch_model(
         weights_map=weights_map,
         skip_keys=skip_keys,
         preload_module_classes=preload_module_classes,
-        tied_params_map=tied_params_map,
+        tied_params_map=_tied_params_map(model, tied),
     )
     retie_parameters(model, tied)
     setattr(model, "hf_device_map", dict(device_map))  # noqa: B010
+    _warn_on_move(model)
+    return model
+
+
+def _modules_on(device_map: Mapping[str, Any], where: str) -> list[str]:
+    """The names of the blocks `device_map` puts on `where` ("cpu", "disk")."""
+    return [name for name, device in device_map.items() if str(device) == where]
+
+
+def _weights_of(model: nn.Module, modules: list[str]) -> dict[str, torch.Tensor]:
+    """The entries of `model`'s state dict inside `modules` ("" is the whole model), copied to the CPU."""
+    return {
+        key: value.to("cpu")
+        for key, value in model.state_dict().items()
+        if any(key == m or key.startswith(m + ".") or m == "" for m in modules)
+    }
+
+
+def _offloaded_weights(
+    model: nn.Module,
+    device_map: Mapping[str, Any],
+    state_dict: dict[str, torch.Tensor] | None,
+    offload_dir: str | os.PathLike | None,
+    offload_index: dict[str, Any] | None,
+) -> Any:
+    """Where the offloaded blocks' weights are read from: `state_dict` (default: the "cpu" blocks' weights),
+    joined for "disk" blocks by the offload folder, written first when it has no index yet."""
+    cpu_modules = _modules_on(device_map, "cpu")
+    if state_dict is None and cpu_modules:
+        state_dict = _weights_of(model, cpu_modules)
+    disk_modules = _modules_on(device_map, "disk")
+    if not disk_modules:
+        return state_dict
+    from accel.utils.offload import INDEX_NAME, OffloadedWeightsLoader, offload_state_dict
+
+    on_disk = offload_index is not None or os.path.isfile(os.path.join(offload_dir, INDEX_NAME))  # type: ignore[arg-type]
+    if not on_disk:  # weights still in the model (not loaded with load_checkpoint_in_model): write them
+        offload_state_dict(offload_dir, _weights_of(model, disk_modules))  # type: ignore[arg-type]
+    return OffloadedWeightsLoader(state_dict=state_dict, save_folder=offload_dir, index=offload_index)
+
+
+def _tied_params_map(model: nn.Module, tied: list[list[str]]) -> dict[int, dict[torch.device, torch.Tensor]]:
+    """The hooks' record of tied weights (data pointer -> {device: tensor}, one per tied parameter off the meta
+    device), so that a weight shared by several blocks is loaded once per device."""
+    tied_params_map: dict[int, dict[torch.device, torch.Tensor]] = {}
+    for group in tied:
+        for name in group:
+            param = model.get_parameter(name)
+            if param.device.type != "meta":
+                tied_params_map[param.data_ptr()] = {}
+    return tied_params_map
+
+
+def _warn_on_move(model: nn.Module) -> None:
+    """`model.to` / `model.cuda` warn from now on: moving a dispatched model bypasses its hooks."""
     from accel.hooks import WarnOnMove
 
     model.to = WarnOnMove(model.to, model)  # type: ignore[method-assign]
     model.cuda = WarnOnMove(model.cuda, model)  # type: ignore[method-assign]
-    return model
 
 
 def load_checkpoint_and_dispatch(
@@ -292,26 +321,7 @@ def load_checkpoint_and_dispatch(
     is dispatched.
     """
     if isinstance(device_map, str):
-        choices = ("auto", "balanced", "balanced_low_0", "sequential")
-        if device_map not in choices:
-            raise ValueError(f"device_map={device_map!r}: give a dict or one of {choices}")
-        planned: dict[int | str, int | str] | None = max_memory
-        if device_map != "sequential":
-            balanced = get_balanced_memory(
-                model,
-                max_memory=max_memory,
-                no_split_module_classes=no_split_module_classes,
-                dtype=dtype,
-                low_zero=(device_map == "balanced_low_0"),
-            )
-            planned = dict(balanced)
-        device_map = infer_auto_device_map(
-            model,
-            max_memory=planned,
-            no_split_module_classes=no_split_module_classes,
-            dtype=dtype,
-            offload_buffers=offload_buffers,
-        )
+        device_map = _planned_device_map(model, device_map, max_memory, no_split_module_classes, dtype, offload_buffers)
     load_checkpoint_in_model(
         model,
         checkpoint,
@@ -334,6 +344,38 @@ def load_checkpoint_and_dispatch(
         skip_keys=skip_keys,
         preload_module_classes=preload_module_classes,
         force_hooks=force_hooks,
+    )
+
+
+def _planned_device_map(
+    model: nn.Module,
+    strategy: str,
+    max_memory: dict[int | str, int | str] | None,
+    no_split_module_classes: list[str] | None,
+    dtype: str | torch.dtype | None,
+    offload_buffers: bool,
+) -> dict[str, Any]:
+    """The device map `infer_auto_device_map` plans for a named `strategy` ("auto", "balanced"...), within
+    `max_memory`; every strategy but "sequential" first balances that memory over the GPUs (`get_balanced_memory`)."""
+    choices = ("auto", "balanced", "balanced_low_0", "sequential")
+    if strategy not in choices:
+        raise ValueError(f"device_map={strategy!r}: give a dict or one of {choices}")
+    planned: dict[int | str, int | str] | None = max_memory
+    if strategy != "sequential":
+        balanced = get_balanced_memory(
+            model,
+            max_memory=max_memory,
+            no_split_module_classes=no_split_module_classes,
+            dtype=dtype,
+            low_zero=(strategy == "balanced_low_0"),
+        )
+        planned = dict(balanced)
+    return infer_auto_device_map(
+        model,
+        max_memory=planned,
+        no_split_module_classes=no_split_module_classes,
+        dtype=dtype,
+        offload_buffers=offload_buffers,
     )
 
 
