@@ -28,8 +28,8 @@ def side_by_side(width: int, layers: int, batch: int, steps: int, rounds: int, h
     import torch
     import torch.distributed as dist
 
-    from accel.sim.cuda import memory as cuda_memory
-    from accel.sim.cuda import properties as cuda_properties
+    from accel.sim.cuda.memory import allocator as cuda_memory
+    from accel.sim.cuda.torch_cuda import properties as cuda_properties
 
     torch.set_num_threads(1)
     local_rank = int(os.environ["LOCAL_RANK"])

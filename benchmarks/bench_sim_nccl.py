@@ -2,7 +2,7 @@
 
 In each of `--ranks` simulated GPU ranks, the same work runs twice, alternately, under
 the same load: once on simulated CUDA tensors through the "nccl" group (a Python
-process group over Gloo, `accel.sim.cuda.nccl_group`), once on CPU tensors through a plain
+process group over Gloo, `accel.sim.cuda.nccl.process_group`), once on CPU tensors through a plain
 Gloo group of the same ranks. Timed: an all_reduce of `--numel` floats, and a DDP
 training step of a small MLP (DDP with device_ids against CPU DDP). Printed: the median
 ratio (simulated NCCL / Gloo) over rounds and ranks, with its range.

@@ -24,8 +24,9 @@ def test_importing_accel_leaves_torch_untouched():
     code = """
 import torch
 real = (torch.cuda.is_available, torch.Tensor.to, torch.tensor, torch.cuda.manual_seed)
-import accel, accel.sim, accel.sim.cuda.fake, accel.sim.devices, accel.sim.cuda.tensor, accel.sim.cuda.kernels
-import accel.sim.cuda.autocast, accel.sim.cuda.checkpoint, accel.sim.cuda.group, accel.sim.core.torch_internals
+import accel, accel.sim, accel.sim.cuda.fake, accel.sim.devices, accel.sim.core.torch_internals
+import accel.sim.cuda.tensors.cuda_tensor, accel.sim.cuda.tensors.factories, accel.sim.cuda.tensors.checkpoint
+import accel.sim.cuda.kernels.autocast, accel.sim.cuda.nccl.mixed_group
 from accel import Accelerator
 now = (torch.cuda.is_available, torch.Tensor.to, torch.tensor, torch.cuda.manual_seed)
 assert now == real, now

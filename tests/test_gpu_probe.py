@@ -184,7 +184,7 @@ def test_training_peaks_under_other_cublas_workspace_settings_are_the_real_ones(
 
 
 def test_cublas_workspace_sizes_follow_torchs_rules():
-    from accel.sim.cuda import blas as cuda_blas
+    from accel.sim.cuda.kernels import blas as cuda_blas
 
     assert cuda_blas.cublas_size((9, 0), {}) == 32 * 2**20
     assert cuda_blas.cublas_size((8, 0), {}) == 8 * 2**20 + 128 * 2**10

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 
 from accel.sim.core import carried
-from accel.sim.cuda import group as cuda_group
-from accel.sim.cuda import nccl_group
+from accel.sim.cuda.nccl import mixed_group as cuda_group
+from accel.sim.cuda.nccl import process_group as nccl_group
 from harness import distributed_test
 
 

@@ -126,8 +126,8 @@ def test_an_unsupported_torch_fails_at_start_naming_the_supported_versions(monke
 def test_each_internal_does_its_job_in_a_rank(rank, tmp_path):
     import io
 
-    from accel.sim.cuda import state as cuda_state
-    from accel.sim.cuda import tensor as cuda_tensor
+    from accel.sim.cuda.gpus import state as cuda_state
+    from accel.sim.cuda.tensors import cuda_tensor
 
     checks = {}
     checks["register_python_backend"] = torch_internals.privateuse1_name() == cuda_state.HIDDEN_DEVICE
@@ -240,6 +240,6 @@ def test_data_parallel_copies_still_go_through_the_c_entry_points_simulated_gpus
     for name in torch_internals.PARALLEL_COPY_NAMES:
         assert f"torch._C.{name}(" in source, (
             f"torch {torch.__version__}'s torch.nn.parallel.comm no longer calls torch._C.{name}, which simulated "
-            "GPUs serve for nn.DataParallel (accel/sim/cuda/parallel_copies.py): adapt torch_internals"
+            "GPUs serve for nn.DataParallel (accel/sim/cuda/nccl/parallel_copies.py): adapt torch_internals"
         )
     assert "nccl.is_available(" in source  # replaced by False in simulated ranks: copies, not NCCL

@@ -7,9 +7,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accel.sim.cuda import gpu_models
-from accel.sim.cuda import memory as cuda_memory
-from accel.sim.cuda.memory import K_SMALL_SIZE, DeviceMemory, round_size
+from accel.sim.cuda.gpus import cards as gpu_models
+from accel.sim.cuda.memory import allocator as cuda_memory
+from accel.sim.cuda.memory.allocator import K_SMALL_SIZE, DeviceMemory, round_size
 
 MiB = 1 << 20
 SIZES = st.one_of(

@@ -1,4 +1,4 @@
-"""The rules by which a card's attention backend is chosen (`accel.sim.cuda.attention_backends`), on their own.
+"""The rules by which a card's attention backend is chosen (`accel.sim.cuda.attention.backends`), on their own.
 
 Each asks why a fused backend cannot run a call on a card; the calls are described by
 host tensors (the checks read shapes, strides, dtypes, offsets and nesting only).
@@ -7,8 +7,8 @@ host tensors (the checks read shapes, strides, dtypes, offsets and nesting only)
 import pytest
 import torch
 
-from accel.sim.cuda import attention_backends as rules
-from accel.sim.cuda import attention_kernels as kernels
+from accel.sim.cuda.attention import backends as rules
+from accel.sim.cuda.attention import kernels
 
 H100, A100, L4, T4 = rules.Card(9, 0), rules.Card(8, 0), rules.Card(8, 9), rules.Card(7, 5)
 

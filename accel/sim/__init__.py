@@ -54,8 +54,8 @@ __getattr__, __dir__ = lazy_exports(
 )
 
 if TYPE_CHECKING:
-    from accel.sim.cuda.memory_report import MemoryReport
-    from accel.sim.cuda.properties import PeakMemory
+    from accel.sim.cuda.memory.report import MemoryReport
+    from accel.sim.cuda.torch_cuda.properties import PeakMemory
     from accel.sim.diagnoses.failures import (
         CollectiveMismatch,
         DistributedDeadlock,
@@ -74,8 +74,7 @@ def peak_memory(device: object = None) -> "PeakMemory":
     `memory_reserved` since CUDA started in the rank (or the last `reset_peak_memory_stats`),
     `.capacity` the card's memory: ``assert accel.sim.peak_memory().reserved < 40 * 2**30``.
     """
-    from accel.sim.cuda import properties as cuda_properties
-
+    from accel.sim.cuda.torch_cuda import properties as cuda_properties
     return cuda_properties.peak_memory(device)
 
 
@@ -89,8 +88,7 @@ def memory_report(device: object = None) -> "MemoryReport":
     collective buffers, other), `.top_modules` the modules holding the most at the peak, and
     `.at_out_of_memory` the breakdown at the last out-of-memory: ``accel.sim.memory_report().at_peak["activations"]``.
     """
-    from accel.sim.cuda import properties as cuda_properties
-
+    from accel.sim.cuda.torch_cuda import properties as cuda_properties
     return cuda_properties.memory_report(device)
 
 

@@ -3,7 +3,7 @@ and `torch.cuda.memory._set_allocator_settings`, read and applied as torch 2.13'
 
 Each test sets the variable at the top of its body, before CUDA starts (as a script sets it
 before its first GPU tensor); the numbers follow from CUDACachingAllocator.cpp's rules
-(see accel/sim/cuda/configured.py).
+(see accel/sim/cuda/memory/configured.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accel.sim.core import torch_internals
-from accel.sim.cuda import alloc_config, gpu_models
-from accel.sim.cuda import memory as cuda_memory
+from accel.sim.cuda.gpus import cards as gpu_models
+from accel.sim.cuda.memory import allocator as cuda_memory
+from accel.sim.cuda.memory import settings as alloc_config
 from harness import distributed_test
 
 MiB = 1 << 20

@@ -250,7 +250,7 @@ def test_deepspeed_kernels_without_a_stand_in_name_the_switch_that_avoids_them(r
 
 @distributed_test(world_size=[2], device="cuda")
 def test_the_stand_ins_check_their_inputs_as_the_kernels_do(rank):
-    from accel.sim.cuda import extension_kernels as kernels
+    from accel.sim.cuda.kernels import extension as kernels
 
     g, p = torch.ones(4, device="cuda"), torch.ones(4, device="cuda")
     m, v = torch.zeros(4, device="cuda"), torch.zeros(4, device="cuda")
@@ -326,7 +326,7 @@ def test_deepspeed_zero_with_an_adamw_config_trains_as_torch_adamw_ddp(rank, tmp
 
 def test_the_stand_ins_import_no_framework():
     code = (
-        "import sys, accel.sim.cuda.extensions, accel.sim.cuda.extension_kernels;"
+        "import sys, accel.sim.cuda.torch_cuda.extensions, accel.sim.cuda.kernels.extension;"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('deepspeed', 'apex')], 'imported a framework'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -334,7 +334,7 @@ def test_the_stand_ins_import_no_framework():
 
 
 def test_which_extensions_are_cuda_ones_and_which_have_stand_ins():
-    from accel.sim.cuda import extensions
+    from accel.sim.cuda.torch_cuda import extensions
 
     assert extensions.builds_cuda(["a.cpp", "b.cu"], None) and extensions.builds_cuda(["a.cpp"], True)
     assert not extensions.builds_cuda(["a.cpp"], None) and not extensions.builds_cuda(["b.cu"], False)

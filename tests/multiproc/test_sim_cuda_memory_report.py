@@ -1,7 +1,7 @@
 """What uses a simulated GPU's memory: the whole run's peak (whatever peak resets the script made),
 what made it up by category and module (`accel.sim.memory_report()`), and the picture of a step.
 
-The categories are decided as torch's MemTracker decides them (accel/sim/cuda/memory_report.py);
+The categories are decided as torch's MemTracker decides them (accel/sim/cuda/memory/report.py);
 the bytes are the allocator's blocks, rounded as it rounds requests.
 """
 
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import accel.sim
-from accel.sim.cuda import properties as cuda_properties
-from accel.sim.cuda.memory import format_size, round_size
+from accel.sim.cuda.memory.allocator import format_size, round_size
+from accel.sim.cuda.torch_cuda import properties as cuda_properties
 from harness import distributed_test
 
 MiB = 1 << 20

@@ -156,8 +156,7 @@ def test_a_forked_child_does_not_speak_for_its_parent(rank):
 
 _HOLDER = """
     import os, sys
-    from accel.sim.cuda import node_memory
-
+    from accel.sim.cuda.memory import node as node_memory
     seat = node_memory.seats([0])[0]  # the host's GPU 0
     node_memory.publish(seat, 300 << 20)
     print(os.getpid(), flush=True)
@@ -167,8 +166,7 @@ _HOLDER = """
 
 _TAKER = """
     import os, sys, time
-    from accel.sim.cuda import node_memory
-
+    from accel.sim.cuda.memory import node as node_memory
     seat = node_memory.seats([0])[0]
     with node_memory.deciding(seat):  # as a process between "it fits" and taking it
         print(os.getpid(), flush=True)

@@ -1,6 +1,6 @@
 """Recurrent and speech layers on simulated GPUs, against the same on the CPU: LSTM and GRU (their fused CUDA
-cells, `accel.sim.cuda.rnn_kernels`), packed sequences and CTC loss with lengths on the host
-(`accel.sim.cuda.host_arguments`)."""
+cells, `accel.sim.cuda.kernels.rnn`), packed sequences and CTC loss with lengths on the host
+(`accel.sim.cuda.kernels.host_arguments`)."""
 
 import pytest
 import torch

@@ -2,7 +2,7 @@
 
 `accel.sim.launch(..., shapes_only=True, only_ranks=...)` and `accel launch --simulate cuda
 --shapes_only --only_ranks ...` run only the ranks named, each as that rank of the full world,
-with collectives that complete without the others (`accel.sim.cuda.stand_in`). What a planner
+with collectives that complete without the others (`accel.sim.cuda.nccl.stand_in`). What a planner
 reads from such a run must be what the full run gives: each rank's GPU memory, counted by the
 caching allocator, to the byte and in every counter of `torch.cuda.memory_stats()`.
 """

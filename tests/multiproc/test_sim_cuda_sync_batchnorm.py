@@ -1,4 +1,4 @@
-"""`nn.SyncBatchNorm` on simulated GPUs: its CUDA-only kernels (`accel.sim.cuda.norm_kernels`) give what batch
+"""`nn.SyncBatchNorm` on simulated GPUs: its CUDA-only kernels (`accel.sim.cuda.kernels.batch_norm`) give what batch
 normalization over the whole batch gives, on every rank, with uneven and empty shards, half inputs and channels-last."""
 
 import math

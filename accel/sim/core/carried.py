@@ -1,6 +1,6 @@
 """Carried collectives: a simulated device's process group written in Python, carried by Gloo.
 
-The simulated GPU's "nccl" group (`accel.sim.cuda.nccl_group`) and the simulated TPU's "xla"
+The simulated GPU's "nccl" group (`accel.sim.cuda.nccl.process_group`) and the simulated TPU's "xla"
 group (the stand-in `torch_xla.distributed.xla_backend`) are both such groups: each
 checks its device's rules with its device's words, hands the host tensors under the
 device tensors (storage shared) to a `ProcessGroupGloo` of its own, and returns a finished
@@ -25,7 +25,7 @@ from accel.sim.core.torch_internals import completed_work
 __all__ = ["CarriedGroup", "PythonGroup", "carrier", "carry_with", "completed_work", "contiguous", "given"]
 
 #: what carries the groups made from now on (empty: Gloo); a rank that stands in for absent
-#: ranks (`accel.sim.cuda.stand_in`) carries them without peers
+#: ranks (`accel.sim.cuda.nccl.stand_in`) carries them without peers
 _carriers: list[Callable[..., Any]] = []
 
 

@@ -131,7 +131,7 @@ TORCH_CHANGES: tuple[TorchChange, ...] = (
     TorchChange(
         "2.15",
         "FSDP2 records the stream of its gradient outputs by its stream_id",
-        "a simulated GPU's stream has the default stream's id, 0: accel/sim/cuda/fake.py",
+        "a simulated GPU's stream has the default stream's id, 0: accel/sim/cuda/torch_cuda/streams.py",
         "tests/multiproc/test_sim_cuda_tensor_parallel.py::test_fsdp2_on_dp_by_tensor_parallel_on_tp",
     ),
 )
@@ -1567,7 +1567,7 @@ def profile_legacy_cuda_through_kineto() -> None:
     profile.__init__ = __init__  # type: ignore[method-assign]  # simulated ranks only
 
 
-# -- scaled_dot_product_attention's backend switches (accel.sim.cuda.attention_backends) ----------------
+# -- scaled_dot_product_attention's backend switches (accel.sim.cuda.attention.backends) ----------------
 
 INTERNALS.update(
     {

@@ -5,7 +5,7 @@ never in a user's own process: part of it (the hidden PrivateUse1 device and its
 kernels) is process-wide and cannot be undone. A rank gets `LOCAL_WORLD_SIZE`
 simulated GPUs, the current one being `LOCAL_RANK`.
 
-* Tensors (`accel.sim.cuda.tensor`, `cuda_kernels`, `device_rules`): `device="cuda"`,
+* Tensors (`accel.sim.cuda.tensors.cuda_tensor`, `cuda_kernels`, `device_rules`): `device="cuda"`,
   `.cuda()`, `.to("cuda")`, `module.cuda()` give tensors on `cuda:k` that compute on
   the CPU and fail like CUDA tensors when mixed with CPU ones.
 * `torch.autocast("cuda")` applies CUDA's policy (`cuda_autocast`); `torch.amp.GradScaler("cuda")`
@@ -32,11 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import os
 import random
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,32 +44,31 @@ import torch.cuda.random
 from accel.backends.cuda import CUDABackend
 from accel.sim.core import carried, compiled_buffers, hidden, moves, torch_internals
 from accel.sim.core import compile as sim_compile
-from accel.sim.cuda import accelerator as cuda_accelerator
-from accel.sim.cuda import attention as cuda_attention
-from accel.sim.cuda import autocast as cuda_autocast
-from accel.sim.cuda import blas as cuda_blas
-from accel.sim.cuda import checkpoint as cuda_checkpoint
-from accel.sim.cuda import (
-    determinism,
-    generators,
-    gpu_models,
-    host_arguments,
-    norm_kernels,
-    parallel_copies,
-    rnn_kernels,
-    sync_debug,
-)
-from accel.sim.cuda import extensions as cuda_extensions
-from accel.sim.cuda import functional as cuda_functional
-from accel.sim.cuda import group as cuda_group
-from accel.sim.cuda import kernels as cuda_kernels
-from accel.sim.cuda import memory as cuda_memory
-from accel.sim.cuda import profiler as cuda_profiler
-from accel.sim.cuda import properties as cuda_properties
-from accel.sim.cuda import shapes as cuda_shapes
-from accel.sim.cuda import state as cuda_state
-from accel.sim.cuda import tensor as cuda_tensor
-from accel.sim.cuda.state import DEFAULT_CUDA_SEED
+from accel.sim.cuda.attention import sdpa as cuda_attention
+from accel.sim.cuda.gpus import cards as gpu_models
+from accel.sim.cuda.gpus import generators
+from accel.sim.cuda.gpus import shapes as cuda_shapes
+from accel.sim.cuda.gpus import state as cuda_state
+from accel.sim.cuda.gpus.errors import SimulatedDeviceError
+from accel.sim.cuda.gpus.state import DEFAULT_CUDA_SEED
+from accel.sim.cuda.kernels import autocast as cuda_autocast
+from accel.sim.cuda.kernels import batch_norm as norm_kernels
+from accel.sim.cuda.kernels import blas as cuda_blas
+from accel.sim.cuda.kernels import host_arguments
+from accel.sim.cuda.kernels import rnn as rnn_kernels
+from accel.sim.cuda.memory import allocator as cuda_memory
+from accel.sim.cuda.nccl import functional as cuda_functional
+from accel.sim.cuda.nccl import mixed_group as cuda_group
+from accel.sim.cuda.nccl import parallel_copies
+from accel.sim.cuda.tensors import checkpoint as cuda_checkpoint
+from accel.sim.cuda.tensors import cuda_tensor, sync_debug
+from accel.sim.cuda.tensors import factories as cuda_kernels
+from accel.sim.cuda.torch_cuda import accelerator as cuda_accelerator
+from accel.sim.cuda.torch_cuda import determinism
+from accel.sim.cuda.torch_cuda import extensions as cuda_extensions
+from accel.sim.cuda.torch_cuda import profiler as cuda_profiler
+from accel.sim.cuda.torch_cuda import properties as cuda_properties
+from accel.sim.cuda.torch_cuda.streams import Event, Stream, current_stream, set_stream, stream_context
 
 __all__ = [
     "DEFAULT_CUDA_SEED",
@@ -87,10 +84,6 @@ __all__ = [
 #: what `torch.version.cuda` says in a simulated GPU rank: the CUDA of torch's default GPU wheels
 #: (code that checks for a CUDA build, as DDP's bf16 compression hook does, takes its GPU branch)
 CUDA_VERSION = "12.8"
-
-
-class SimulatedDeviceError(RuntimeError):
-    """Something a real GPU can do that a simulated one cannot (the message names it)."""
 
 
 def is_installed() -> bool:
@@ -188,131 +181,6 @@ def _maybe_exchange_device(device: int) -> int:
     return _exchange_device(device)
 
 
-class Event:
-    """`torch.cuda.Event`: work is finished when issued, so an event is complete once recorded.
-
-    With `enable_timing`, recording reads the host clock: the one stream of a simulated GPU
-    runs each op when it is issued, so the time between two events is the time its work took.
-    """
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
-        self.enable_timing = enable_timing
-        self.time: float | None = None
-
-    def record(self, stream: Any = None) -> None:
-        self.time = time.perf_counter()
-
-    def wait(self, stream: Any = None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, end_event: Any) -> float:
-        """Milliseconds from this event to `end_event`, as CUDA measures them (both recorded, both timing)."""
-        if not (self.enable_timing and getattr(end_event, "enable_timing", False)):
-            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
-        if self.time is None or end_event.time is None:
-            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        return (end_event.time - self.time) * 1000.0
-
-
-class Stream:
-    """`torch.cuda.Stream`: a simulated GPU has one stream, in which work completes as it is issued."""
-
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device = cuda_state.gpus().resolve("cuda" if device is None else device)
-        self.priority = priority
-        #: which stream this is, for the caching allocator's pools (each stream caches its own blocks);
-        #: 0 is the default stream
-        self.sim_id: int = kwargs.get("_sim_id", next(_stream_ids))
-
-    def wait_stream(self, stream: Any) -> None:
-        pass
-
-    def wait_event(self, event: Any) -> None:
-        pass
-
-    def record_event(self, event: Any = None) -> Event:
-        return event if event is not None else Event()
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        sync_debug.synchronizing()  # (a stream's synchronize is reported, as c10's stream_synchronize reports it)
-
-    def is_capturing(self) -> bool:
-        return False  # no CUDA graphs on a simulated GPU
-
-    @property
-    def stream_id(self) -> int:
-        return 0  # the default stream's (FSDP2 records its gradient outputs' stream by id from torch 2.15 on)
-
-    @property
-    def cuda_stream(self) -> int:
-        """The stream's handle as CUDA's (`cudaStream_t`): 0 for the default stream, else one of its own."""
-        return 0 if self.sim_id == 0 else (1 << 44) + self.sim_id
-
-    @property
-    def device_index(self) -> int:
-        return self.device.index
-
-    @property
-    def device_type(self) -> int:
-        return 1  # torch's DeviceType of CUDA
-
-    def __enter__(self) -> Stream:
-        self._outer = _stream_context(self)
-        self._outer.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._outer.__exit__(*exc)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream) and other.device == self.device and other.sim_id == self.sim_id
-
-    def __hash__(self) -> int:
-        return hash((self.device, self.sim_id))
-
-
-_stream_ids = itertools.count(1)
-
-
-def current_stream(device: Any = None) -> Stream:
-    """`torch.cuda.current_stream`: the stream `torch.cuda.stream` made current on the GPU, else its default."""
-    index = cuda_state.gpus().resolve("cuda" if device is None else device).index
-    found = cuda_state.gpus().streams.get(index)
-    return found if found is not None else Stream(index, _sim_id=0)
-
-
-def set_stream(stream: Any) -> None:
-    """`torch.cuda.set_stream`: make `stream` current on its GPU (None: no change)."""
-    if stream is not None:
-        cuda_state.gpus().streams[stream.device.index] = stream
-
-
-@contextlib.contextmanager
-def _stream_context(stream: Any) -> Iterator[Any]:
-    """`torch.cuda.stream`: `stream` is current on its GPU (and its GPU the current one) inside."""
-    if stream is None:
-        yield stream
-        return
-    gpus = cuda_state.gpus()
-    before, before_device = current_stream(stream.device), gpus.current
-    gpus.current = stream.device.index
-    set_stream(stream)
-    try:
-        yield stream
-    finally:
-        set_stream(before)
-        gpus.current = before_device
-
-
 def _patches() -> dict[str, Any]:
     none = lambda *args, **kwargs: None  # noqa: E731
     gpus = cuda_state.gpus
@@ -340,7 +208,7 @@ def _patches() -> dict[str, Any]:
         "current_stream": current_stream,
         "default_stream": lambda device=None: Stream(device, _sim_id=0),
         "set_stream": set_stream,
-        "stream": _stream_context,
+        "stream": stream_context,
         # no CUDA graph is ever being captured (Dynamo asks before it traces, SyncBatchNorm before it syncs);
         # a CUDA build's own would ask the real driver, a CPU build's raises
         "is_current_stream_capturing": lambda: False,
@@ -589,7 +457,7 @@ def reset(local_rank: int | None = None, fresh: bool = False) -> None:
 
 
 class SimCUDABackend(CUDABackend):
-    """The real CUDA backend; its "nccl" group refuses CPU tensors as NCCL does (`accel.sim.cuda.nccl_group`)."""
+    """The real CUDA backend; its "nccl" group refuses CPU tensors as NCCL does (`nccl.process_group`)."""
 
     name = "sim_cuda"
     comm_backend = "nccl"  # created by accel.sim.runtime.adopt_group as the simulated NCCL group

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from accel.backends import register_backend
 from accel.sim.cuda import fake as fake_cuda
-from accel.sim.cuda import group as cuda_group
-from accel.sim.cuda import nccl_group
-from accel.sim.cuda.nccl_group import to_torch as to_torch
-from accel.sim.cuda.nccl_group import to_user as to_user
+from accel.sim.cuda.nccl import mixed_group as cuda_group
+from accel.sim.cuda.nccl import process_group as nccl_group
+from accel.sim.cuda.nccl.process_group import to_torch as to_torch
+from accel.sim.cuda.nccl.process_group import to_user as to_user
 
 #: the accel backend `ACCEL_BACKEND` names in these ranks
 BACKEND = fake_cuda.SimCUDABackend.name

@@ -1,7 +1,7 @@
 """What `ACCEL_SIMULATE` asks for: the simulated node a process tree runs on.
 
 Forms: ``cuda:N`` (N simulated GPUs, the default card), ``cuda:N,gpu=L4`` (a card of
-`accel.sim.cuda.gpu_models`, or one described: ``gpu=memory=24GiB,capability=8.9``),
+`accel.sim.cuda.gpus.cards`, or one described: ``gpu=memory=24GiB,capability=8.9``),
 ``cuda:N,shapes_only`` (tensors hold shapes, not values), options combined with commas, and
 ``xla:N`` (N simulated TPU cores). Anything else is refused naming the variable and these forms.
 Torch-free: it is read at interpreter start-up.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from accel.sim.cuda import gpu_models
-
 #: the variable that puts a process tree on a simulated node
+from accel.sim.cuda.gpus import cards as gpu_models
+
 ENV = "ACCEL_SIMULATE"
 FORMS = "cuda:N, cuda:N,gpu=NAME, cuda:N,shapes_only (options combine: cuda:N,gpu=L4,shapes_only) or xla:N"
 DEVICES = ("cuda", "xla")

@@ -50,7 +50,7 @@ _simulator: dict[str, Any] = {}
 #: groups created in this process: each rendezvouses under its own store prefix
 _generation = [0]
 #: what makes the store of each default group created here (empty: a client of the launcher's
-#: rendezvous store); a rank standing in for absent ones has one of its own (`accel.sim.cuda.stand_in`)
+#: rendezvous store); a rank standing in for absent ones has one of its own (`accel.sim.cuda.nccl.stand_in`)
 _store_makers: list[Any] = []
 #: a process on a simulated node (`accel.sim.node`): no launcher, the script's group is its own;
 #: each callable is told when a default group has been created

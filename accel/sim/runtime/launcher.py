@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from accel.sim import device_names
-from accel.sim.cuda import gpu_models
-from accel.sim.cuda.memory_picture import REPORT_ENV
-from accel.sim.cuda.memory_picture import check_path as check_report_path
+from accel.sim.cuda.gpus import cards as gpu_models
+from accel.sim.cuda.memory.picture import REPORT_ENV
+from accel.sim.cuda.memory.picture import check_path as check_report_path
 from accel.sim.diagnoses import faults as fault_specs
 from accel.sim.diagnoses.deadlock import ranges
 from accel.sim.diagnoses.failures import DistributedDeadlock, DistributedFailure, DistributedTimeout
@@ -89,7 +89,7 @@ def on_gpu(options: GpuOptions, fn: Callable[..., Any], *args: Any, **kwargs: An
 
     The card and shapes-only are read when CUDA starts in the rank; the rank's environment
     is put back after the call. With `report_memory`, what uses each simulated GPU's memory is
-    followed (`accel.sim.cuda.memory_report`) and its peak printed once `fn` returned.
+    followed (`accel.sim.cuda.memory.report`) and its peak printed once `fn` returned.
     """
     if options.gpu is not None:
         os.environ[gpu_models.GPU_ENV] = options.gpu
@@ -108,7 +108,7 @@ def on_gpu(options: GpuOptions, fn: Callable[..., Any], *args: Any, **kwargs: An
 
 def report_peak_memory() -> None:
     """Print one line per simulated GPU this rank used: its peak memory against its card."""
-    properties = sys.modules.get("accel.sim.cuda.properties")  # loaded in simulated GPU ranks only
+    properties = sys.modules.get("accel.sim.cuda.torch_cuda.properties")  # loaded in simulated GPU ranks only
     if properties is None:
         return
     for line in properties.peak_report():
@@ -259,12 +259,12 @@ def launch(
     rank, NCCL), with nothing simulated.
 
     `gpu` (with ``device="cuda"``) names the card each simulated GPU is ("H100", "L4",
-    "memory=24GiB,capability=8.9", see `accel.sim.cuda.gpu_models`); default: ``ACCEL_SIM_GPU``,
+    "memory=24GiB,capability=8.9", see `accel.sim.cuda.gpus.cards`); default: ``ACCEL_SIM_GPU``,
     else an H100. Its memory is what the ranks may allocate before out-of-memory.
     `report_memory=True` has each rank print its GPUs' whole-run peak memory when `fn` returns, and
     what made it up (by category, top modules; `accel.sim.memory_report()` inside `fn`); a path
     (``.html`` or ``.svg``) also has each rank draw its memory over the step of the peak there.
-    `shapes_only=True`: the simulated GPUs hold shapes, not data (`accel.sim.cuda.shapes`):
+    `shapes_only=True`: the simulated GPUs hold shapes, not data (`accel.sim.cuda.gpus.shapes`):
     whether a step fits on the card, and its peak memory, without computing it.
     `only_ranks` (with `shapes_only`; "0,63", "0-3" or ints) runs only those ranks of the world, each
     standing in for the ranks after it (`accel.sim.runtime.stand_in`); the values of those ranks, in order.

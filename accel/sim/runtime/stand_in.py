@@ -5,7 +5,7 @@ times one rank's Python work and host memory (`benchmarks/bench_plan_scale.py` m
 the layouts people plan (FSDP x tensor parallelism, data parallelism), most ranks do exactly what
 others do: same shapes, same collectives, same memory. `only_ranks` runs just the ranks asked
 for, each as that rank of the full world (its torchrun environment, its place in the DeviceMesh,
-its shards), with collectives that complete without the others (`accel.sim.cuda.stand_in`).
+its shards), with collectives that complete without the others (`accel.sim.cuda.nccl.stand_in`).
 
 Which rank stands for which: the ranks run split the world into consecutive blocks, each run
 rank standing for itself and the ranks after it up to the next run rank (the first also for

@@ -10,7 +10,7 @@ launches running side by side never collide.
 
 A process of a pool of stand-ins (`accel.sim.runtime.stand_in`) is rank R of a larger world
 instead of its place in the pool: its environment and default group are that rank's, and its
-groups complete their collectives alone (`accel.sim.cuda.stand_in`).
+groups complete their collectives alone (`accel.sim.cuda.nccl.stand_in`).
 
 With one rank, a process group of size 1 is created too, as the distributed test
 bases of torch and DeepSpeed do: code under test may call `dist.get_world_size()`.
@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 
 import accel.state  # noqa: F401  (preloaded: every rank needs it)
-from accel.sim.cuda import node_memory
+from accel.sim.cuda.memory import node as node_memory
 from accel.sim.diagnoses import collectives, faults
 from accel.sim.runtime import serialize
 from accel.sim.runtime.cleanslate import CleanSlate, seed_everything
@@ -204,8 +204,7 @@ def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
     os.environ["MASTER_PORT"] = str(_rendezvous_port(config["rank"], world_size, conn))
     reset_device = _prepare_device(device, config["real_device"])
     if config.get("stand_in") is not None:
-        from accel.sim.cuda import stand_in
-
+        from accel.sim.cuda.nccl import stand_in
         stand_in.install(config["stand_in"]["description"])  # before the default group is made
     from accel.state import PartialState, reset_state
 
@@ -217,7 +216,7 @@ def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
 
 def _on_the_launch_node(device: str, workdir: str) -> None:
     """The ranks of a launch are the processes of one node (its folder: the launch's), sharing its GPUs'
-    memory (`accel.sim.cuda.node_memory`); Python processes they start join it (`accel.sim.node`)."""
+    memory (`accel.sim.cuda.memory.node`); Python processes they start join it (`accel.sim.node`)."""
     os.environ[node_memory.NODE_ENV] = workdir
     if device in ("cuda", "xla"):
         os.environ["ACCEL_SIMULATE"] = f"{device}:{os.environ['LOCAL_WORLD_SIZE']}"

@@ -1,0 +1,134 @@
+"""torch's functional collectives (`torch.ops._c10d_functional`) on simulated CUDA tensors.
+
+DTensor, tensor parallelism and FSDP's gradient clipping communicate through the
+functional collectives: ops that take a tensor and a group name and return a new tensor.
+Their kernels would hand the group the CPU data under a simulated CUDA tensor, which the
+simulated NCCL group refuses as NCCL refuses a CPU tensor. Here each is carried out with
+the `torch.distributed` collective it stands for, on the simulated CUDA tensors themselves,
+so the group (and the simulator's collective check) sees what a GPU run gives it. Work is
+finished when it is issued, so `wait_tensor` has nothing to wait for.
+
+Installed once per simulated GPU rank (`accel.sim.cuda.fake.install`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives  # defines _c10d_functional._wrap_tensor_autograd
+
+from accel.sim.core import torch_internals
+from accel.sim.cuda.memory import report as memory_report
+
+functional = torch.ops._c10d_functional
+
+memory_report.collective_source(__file__)  # the buffers this module's code makes are collective buffers
+
+
+def _op(name: str) -> dist.ReduceOp:
+    """The `ReduceOp` a functional collective names in lower case ("sum", "avg", ...)."""
+    try:
+        return getattr(dist.ReduceOp, name.upper())
+    except AttributeError:
+        raise ValueError(f"unknown reduce op {name!r} given to a functional collective") from None
+
+
+def _group(name: Any) -> Any:
+    return torch_internals.resolve_group(name)
+
+
+def _all_reduce_(tensor: torch.Tensor, op: str, group: Any) -> torch.Tensor:
+    dist.all_reduce(tensor, op=_op(op), group=_group(group))
+    return tensor
+
+
+def _all_gather(tensor: torch.Tensor, size: int, group: Any, out: torch.Tensor | None = None) -> torch.Tensor:
+    tensor = tensor.contiguous()
+    if out is None:
+        out = tensor.new_empty((tensor.size(0) * size, *tensor.shape[1:]))
+    dist.all_gather_single(out, tensor, group=_group(group))
+    return out
+
+
+def _reduce_scatter(
+    tensor: torch.Tensor, op: str, size: int, group: Any, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    tensor = tensor.contiguous()
+    if out is None:
+        if tensor.size(0) % size:
+            raise ValueError(
+                f"reduce_scatter_tensor: the first dimension of the input ({tensor.size(0)}) must be divisible by "
+                f"the group size ({size})"
+            )
+        out = tensor.new_empty((tensor.size(0) // size, *tensor.shape[1:]))
+    dist.reduce_scatter_single(out, tensor, op=_op(op), group=_group(group))
+    return out
+
+
+def _all_to_all(tensor: torch.Tensor, out_splits: list, in_splits: list, group: Any) -> torch.Tensor:
+    tensor = tensor.contiguous()
+    rows = sum(out_splits) if out_splits else tensor.size(0)
+    out = tensor.new_empty((rows, *tensor.shape[1:]))
+    dist.all_to_all_single(out, tensor, list(out_splits) or None, list(in_splits) or None, group=_group(group))
+    return out
+
+
+def _broadcast_(tensor: torch.Tensor, src: int, group: Any) -> torch.Tensor:
+    dist.broadcast(tensor, group_src=src, group=_group(group))
+    return tensor
+
+
+def _shard_dim_alltoall(tensor: torch.Tensor, gather_dim: int, shard_dim: int, group: Any) -> torch.Tensor:
+    # Gathered whole, then this rank's shard: the same values as NCCL's all-to-all gives.
+    pg = _group(group)
+    size = dist.get_world_size(pg)
+    parts = [torch.empty_like(tensor.contiguous()) for _ in range(size)]
+    dist.all_gather(parts, tensor.contiguous(), group=pg)
+    whole = torch.cat(parts, dim=gather_dim)
+    return whole.chunk(size, dim=shard_dim)[dist.get_rank(pg)].contiguous()
+
+
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
+def _refused(name: str) -> Callable[..., Any]:
+    def refuse(args: tuple, kwargs: dict) -> Any:
+        raise NotImplementedError(
+            f"torch.ops._c10d_functional.{name} is not available on simulated GPUs: use torch.distributed's "
+            "send/recv or batch_isend_irecv, which are"
+        )
+
+    return refuse
+
+
+def handlers() -> dict[Any, Callable[[tuple, dict], Any]]:
+    """Functional collective op -> its handler `(args, kwargs) -> result` on simulated CUDA tensors."""
+    return {
+        functional.all_reduce.default: lambda a, k: _all_reduce_(_copy(a[0]), a[1], a[2]),
+        functional.all_reduce_.default: lambda a, k: _all_reduce_(a[0], a[1], a[2]),
+        functional.all_reduce_coalesced.default: lambda a, k: [_all_reduce_(_copy(t), a[1], a[2]) for t in a[0]],
+        functional.all_reduce_coalesced_.default: lambda a, k: [_all_reduce_(t, a[1], a[2]) for t in a[0]],
+        functional.all_gather_into_tensor.default: lambda a, k: _all_gather(a[0], a[1], a[2]),
+        functional.all_gather_into_tensor_out.default: lambda a, k: _all_gather(a[0], a[1], a[2], k["out"]),
+        functional.all_gather_into_tensor_coalesced.default: lambda a, k: [_all_gather(t, a[1], a[2]) for t in a[0]],
+        functional.reduce_scatter_tensor.default: lambda a, k: _reduce_scatter(a[0], a[1], a[2], a[3]),
+        functional.reduce_scatter_tensor_out.default: lambda a, k: _reduce_scatter(a[0], a[1], a[2], a[3], k["out"]),
+        functional.reduce_scatter_tensor_coalesced.default: lambda a, k: [
+            _reduce_scatter(t, a[1], a[2], a[3]) for t in a[0]
+        ],
+        functional.all_to_all_single.default: lambda a, k: _all_to_all(a[0], a[1], a[2], a[3]),
+        functional.broadcast.default: lambda a, k: _broadcast_(_copy(a[0]), a[1], a[2]),
+        functional.broadcast_.default: lambda a, k: _broadcast_(a[0], a[1], a[2]),
+        functional.wait_tensor.default: lambda a, k: a[0],  # finished when issued
+        # funcol wraps each result for a later wait: run on the inner CPU tensor, that wrapper
+        # (a tensor without storage) would become the data of the simulated CUDA tensor
+        functional._wrap_tensor_autograd.default: lambda a, k: torch.ops.aten.alias.default(a[0]),
+        functional.isend.default: _refused("isend"),
+        functional.irecv.default: _refused("irecv"),
+        functional.batch_p2p_ops.default: _refused("batch_p2p_ops"),
+        torch.ops._dtensor.shard_dim_alltoall.default: lambda a, k: _shard_dim_alltoall(a[0], a[1], a[2], a[3]),
+    }
