@@ -36,6 +36,8 @@ import torch.distributed as dist
 from torch import nn
 
 from accel.utils.constants import FSDP_MODEL_NAME
+from accel.utils.fsdp_plugin import FSDP1_REFUSED, check_version, layer_classes_to_wrap  # noqa: F401  (public here too)
+from accel.utils.module_tensors import get_non_persistent_buffers
 
 #: Accelerate's folder and file name of an optimizer's state in a checkpoint of FSDP models (with FSDP_MODEL_NAME)
 OPTIMIZER_NAME = "optimizer"
@@ -43,18 +45,6 @@ OPTIMIZER_NAME = "optimizer"
 #: (file and folder name, key inside its distributed checkpoint) of a model's and of an optimizer's state
 _MODEL_PLACE = (FSDP_MODEL_NAME, "model")
 _OPTIMIZER_PLACE = (OPTIMIZER_NAME, "optimizer")
-
-FSDP1_REFUSED = (
-    "FullyShardedDataParallelPlugin(fsdp_version=1) asks for FSDP1 (the FullyShardedDataParallel wrapper), which accel "
-    "does not run: PyTorch deprecates it in favour of FSDP2 (fully_shard). Pass fsdp_version=2 (or launch with "
-    "--fsdp_version 2 / FSDP_VERSION=2); the other fields keep their meaning."
-)
-
-
-def check_version(plugin: Any) -> None:
-    """Raise, naming the reason, unless `plugin` asks for FSDP2."""
-    if plugin.fsdp_version != 2:
-        raise NotImplementedError(FSDP1_REFUSED)
 
 
 def modules_bottom_up(model: nn.Module, return_fqns: bool = False) -> list[Any]:
@@ -68,28 +58,6 @@ def modules_bottom_up(model: nn.Module, return_fqns: bool = False) -> list[Any]:
         ordered.append((name, module))
     ordered.reverse()
     return ordered if return_fqns else [module for _, module in ordered]
-
-
-def _class_named(model: nn.Module, name: str) -> type | None:
-    for module in model.modules():
-        if type(module).__name__ == name:
-            return type(module)
-    return None
-
-
-def layer_classes_to_wrap(plugin: Any, model: nn.Module) -> list[type]:
-    """The classes of `model`'s modules named in the plugin's `transformer_cls_names_to_wrap` (default: the
-    model's `_no_split_modules`); `ValueError` for a name that no module has."""
-    names = plugin.transformer_cls_names_to_wrap
-    if names is None:
-        names = list(getattr(model, "_no_split_modules", None) or [])
-    classes = []
-    for name in names:
-        found = _class_named(model, name)
-        if found is None:
-            raise ValueError(f"Could not find the transformer layer class {name} in the model.")
-        classes.append(found)
-    return classes
 
 
 def auto_wrap_predicate(plugin: Any, model: nn.Module) -> Callable[[nn.Module], bool] | None:
@@ -515,8 +483,6 @@ def _ignored_parameters(modules: Any, model: nn.Module, device: torch.device) ->
 
 
 def _non_persistent_buffers(model: nn.Module) -> dict[str, torch.Tensor]:
-    from accel.utils.modeling import get_non_persistent_buffers
-
     names = get_non_persistent_buffers(model, recurse=True, fqns=True)
     return copy.deepcopy({n: b for n, b in model.named_buffers() if n in names})
 

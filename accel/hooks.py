@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from accel.utils.operations import send_to_device
+from accel.utils.module_tensors import get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
+from accel.utils.operations import find_device, send_to_device
 
 
 class ModelHook:
@@ -232,8 +233,6 @@ class AlignDevicesHook(ModelHook):
         )
 
     def _tensors(self, module: nn.Module, include_buffers: bool) -> list[tuple[str, torch.Tensor]]:
-        from accel.utils.modeling import named_module_tensors
-
         return list(
             named_module_tensors(
                 module, include_buffers=include_buffers, recurse=self.place_submodules, remove_non_persistent=True
@@ -246,8 +245,6 @@ class AlignDevicesHook(ModelHook):
         return self.execution_device
 
     def init_hook(self, module: nn.Module) -> nn.Module:
-        from accel.utils.modeling import set_module_tensor_to_device
-
         if self.execution_device == "meta" or self.execution_device == torch.device("meta"):
             self.tied_params_map = None
         if not self.offload and self.execution_device is not None:
@@ -277,8 +274,6 @@ class AlignDevicesHook(ModelHook):
                     )
             elif self.execution_device is not None:
                 # non-persistent buffers are in no weights map: they live on the execution device
-                from accel.utils.modeling import get_non_persistent_buffers
-
                 for name in get_non_persistent_buffers(module, recurse=self.place_submodules, fqns=True):
                     set_module_tensor_to_device(
                         module, name, self.execution_device, tied_params_map=self.tied_params_map
@@ -286,11 +281,7 @@ class AlignDevicesHook(ModelHook):
         return module
 
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        from accel.utils.modeling import set_module_tensor_to_device
-
         if self.io_same_device:
-            from accel.utils.operations import find_device
-
             self.input_device = find_device([args, kwargs])
         if self.offload:
             assert self.weights_map is not None  # set by init_hook
@@ -315,8 +306,6 @@ class AlignDevicesHook(ModelHook):
         )
 
     def post_forward(self, module: nn.Module, output: Any) -> Any:
-        from accel.utils.modeling import set_module_tensor_to_device
-
         if self.offload:
             for name, _ in self._tensors(module, include_buffers=self.offload_buffers):
                 set_module_tensor_to_device(module, name, "meta")
@@ -329,8 +318,6 @@ class AlignDevicesHook(ModelHook):
         return output
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
-        from accel.utils.modeling import set_module_tensor_to_device
-
         if self.offload and self.weights_map is not None:
             originals = {**self.param_original_devices, **self.buffer_original_devices}
             for name, device in originals.items():

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from accel.backends import Backend, select_backend
 from accel.utils.dataclasses import DistributedType, PrecisionType, check_engine_environment
 from accel.utils.environment import env_flag
+from accel.utils.fsdp_plugin import FullyShardedDataParallelPlugin, check_version
 
 DEBUG_ENV = "ACCEL_DEBUG_MODE"
 CPU_ENV = "ACCEL_USE_CPU"
@@ -357,8 +358,6 @@ class AcceleratorState(_Topology):
         """Run as `DistributedType.FSDP` when a plugin (or `ACCELERATE_USE_FSDP`) asks for it on hardware that
         shards (GPUs, several processes), as Accelerate does; elsewhere the plugin is kept and not used."""
         if fsdp_plugin is None and (env_flag("ACCELERATE_USE_FSDP") or env_flag("ACCEL_USE_FSDP")):
-            from accel.utils.dataclasses import FullyShardedDataParallelPlugin
-
             fsdp_plugin = FullyShardedDataParallelPlugin()
         if fsdp_plugin is None:
             return
@@ -366,8 +365,6 @@ class AcceleratorState(_Topology):
             # as Accelerate: the run's precision becomes the plugin's policy (one it holds already is kept)
             fsdp_plugin.set_mixed_precision(precision)
         if partial.hardware.supports_fsdp and partial.num_processes > 1:
-            from accel.fsdp import check_version
-
             check_version(fsdp_plugin)
             self._shared_state["distributed_type"] = DistributedType.FSDP
         self._shared_state["fsdp_plugin"] = fsdp_plugin

@@ -140,7 +140,6 @@ _EXPORTS = {
         "patch_environment",
         "clear_environment",
         "purge_accelerate_environment",
-        "check_os_kernel",
         "str_to_bool",
         "parse_flag_from_env",
         "parse_choice_from_env",
@@ -155,6 +154,7 @@ _EXPORTS = {
         "get_pretty_name",
         "convert_bytes",
         "is_port_in_use",
+        "check_os_kernel",
     ],
     "accel.utils.constants": [
         "SCALER_NAME",
@@ -279,7 +279,6 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
         patch_environment as patch_environment,
         clear_environment as clear_environment,
         purge_accelerate_environment as purge_accelerate_environment,
-        check_os_kernel as check_os_kernel,
         str_to_bool as str_to_bool,
         parse_flag_from_env as parse_flag_from_env,
         parse_choice_from_env as parse_choice_from_env,
@@ -297,6 +296,7 @@ if TYPE_CHECKING:  # what type checkers see; the _EXPORTS table is what runs (te
         get_pretty_name as get_pretty_name,
         convert_bytes as convert_bytes,
         is_port_in_use as is_port_in_use,
+        check_os_kernel as check_os_kernel,
     )
     from accel.utils.constants import (
         SCALER_NAME as SCALER_NAME,

@@ -6,8 +6,6 @@ import contextlib
 import functools
 import logging
 import os
-import platform
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -176,26 +174,3 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
 
     func_or_cls.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]  # hooking subclassing
     return func_or_cls
-
-
-#: oldest Linux kernel on which multi-process runs are known not to hang
-MIN_KERNEL = (5, 5, 0)
-
-
-def check_os_kernel() -> None:
-    """Warn (main process only) when the Linux kernel is older than 5.5, where distributed runs can hang."""
-    info = platform.uname()
-    if info.system != "Linux":
-        return
-    found = re.search(r"(\d+)\.(\d+)\.(\d+)", info.release)
-    if found is None:
-        return
-    version = tuple(int(part) for part in found.groups())
-    if version < MIN_KERNEL:
-        from accel.logging import get_logger
-
-        get_logger(__name__).warning(
-            f"Detected kernel version {'.'.join(map(str, version))}, older than the recommended minimum "
-            f"{'.'.join(map(str, MIN_KERNEL))}: processes can hang. Upgrade the kernel to avoid it.",
-            main_process_only=True,
-        )

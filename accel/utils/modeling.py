@@ -19,6 +19,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from accel.utils.module_tensors import (  # noqa: F401  (public here too, as in Accelerate)
+    as_dtype,
+    get_non_persistent_buffers,
+    named_module_tensors,
+    set_module_tensor_to_device,
+    submodule_and_leaf,
+)
+
 
 def is_compiled_module(module: Any) -> bool:
     """Whether `module` is the wrapper that `torch.compile` returns for an `nn.Module`."""
@@ -204,139 +212,6 @@ def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
     return tensor.device, storage.data_ptr(), storage.nbytes()
 
 
-def named_module_tensors(
-    module: nn.Module, include_buffers: bool = True, recurse: bool = False, remove_non_persistent: bool = False
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """The parameters of `module` (its own, or all with `recurse`), then its buffers with `include_buffers`
-    (without the non-persistent ones when `remove_non_persistent`)."""
-    yield from module.named_parameters(recurse=recurse)
-    if include_buffers:
-        skipped = get_non_persistent_buffers(module, recurse=recurse, fqns=True) if remove_non_persistent else set()
-        for name, buffer in module.named_buffers(recurse=recurse):
-            if name not in skipped:
-                yield name, buffer
-
-
-def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
-    """Names of the buffers of `module` that are not in its state dict (with `recurse`, its submodules' too:
-    by bare name, or by name relative to `module` with `fqns`). A new set: the module is not changed."""
-    names = set(module._non_persistent_buffers_set)
-    if recurse:
-        for prefix, child in module.named_modules():
-            if prefix:
-                own = child._non_persistent_buffers_set
-                names |= {f"{prefix}.{n}" for n in own} if fqns else set(own)
-    return names
-
-
-def _submodule_and_leaf(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
-    *path, leaf = tensor_name.split(".")
-    for part in path:
-        child = getattr(module, part, None)
-        if not isinstance(child, nn.Module):
-            raise ValueError(f"{type(module).__name__} has no submodule {part!r} (looking for {tensor_name!r})")
-        module = child
-    return module, leaf
-
-
-def set_module_tensor_to_device(
-    module: nn.Module,
-    tensor_name: str,
-    device: int | str | torch.device,
-    value: torch.Tensor | None = None,
-    dtype: str | torch.dtype | None = None,
-    fp16_statistics: torch.Tensor | None = None,
-    tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None,
-    non_blocking: bool = False,
-    clear_cache: bool = True,
-) -> None:
-    """Put the parameter or buffer `tensor_name` (dotted) of `module` on `device`, with `value`'s data if given.
-
-    A meta tensor needs a `value` to go anywhere but the meta device. `dtype` casts the
-    value (floating values only take the module's dtype when `dtype` is not given, as
-    Accelerate does). Parameters stay `nn.Parameter`s of the same class with their
-    `requires_grad`. `tied_params_map` (data pointer -> {device: tensor}) lets tied
-    weights share one copy per device.
-    """
-    if fp16_statistics is not None:
-        raise ValueError("fp16_statistics is for bitsandbytes 8-bit weights, which accel does not load")
-    submodule, name = _submodule_and_leaf(module, tensor_name)
-    if name not in submodule._parameters and name not in submodule._buffers:
-        raise ValueError(f"{type(submodule).__name__} has no parameter or buffer named {name!r} ({tensor_name!r})")
-    is_buffer = name in submodule._buffers
-    old = submodule._buffers[name] if is_buffer else submodule._parameters[name]
-    device = torch.device(device) if not isinstance(device, int) else torch.device(_default_device_type(), device)
-    if old is None:
-        raise ValueError(f"{tensor_name!r} of {type(submodule).__name__} is None: nothing to place")
-    if old.device.type == "meta" and value is None and device.type != "meta":
-        raise ValueError(f"{tensor_name} is on the meta device: pass a `value` to put it on {device}")
-    if value is not None:
-        if not isinstance(value, torch.Tensor):
-            value = torch.as_tensor(value)
-        if (
-            tuple(value.shape) != tuple(old.shape)
-            and old.device.type != "meta"
-            or (old.device.type == "meta" and tuple(value.shape) != tuple(old.shape))
-        ):
-            raise ValueError(  # Accelerate's words
-                f'Trying to set a tensor of shape {value.shape} in "{name}" (which has shape {old.shape}), this looks '
-                "incorrect."
-            )
-        if dtype is not None:
-            value = value.to(_as_dtype(dtype))
-        elif value.is_floating_point() and old.is_floating_point():
-            value = value.to(old.dtype)
-    if (
-        tied_params_map is not None
-        and value is not None
-        and value.data_ptr() in tied_params_map
-        and device in tied_params_map[value.data_ptr()]
-    ):
-        new_value = tied_params_map[value.data_ptr()][device]
-    else:
-        source = old if value is None else value
-        if device.type == "meta":  # no data to copy: a meta tensor of the same shape and dtype
-            new_value = torch.empty_like(source.detach(), device="meta")
-        else:
-            new_value = source.detach().to(device, non_blocking=non_blocking)
-        if dtype is not None and value is None:
-            new_value = new_value.to(_as_dtype(dtype))
-        if tied_params_map is not None and value is not None and value.data_ptr() in tied_params_map:
-            tied_params_map[value.data_ptr()][device] = new_value
-    with torch.no_grad():
-        if is_buffer:
-            submodule._buffers[name] = new_value
-        else:
-            param_cls = type(old)
-            requires_grad = old.requires_grad if new_value.is_floating_point() or new_value.is_complex() else False
-            if param_cls is nn.Parameter or not issubclass(param_cls, nn.Parameter):
-                submodule._parameters[name] = nn.Parameter(new_value, requires_grad=requires_grad)
-            else:
-                submodule._parameters[name] = param_cls(new_value, requires_grad=requires_grad)
-
-
-def _default_device_type() -> str:
-    """The accelerator type that a bare device index names (Accelerate: `0` is `cuda:0` on a GPU host)."""
-    if torch.cuda.is_available():
-        return "cuda"
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None and accelerator.is_available():
-        current = accelerator.current_accelerator()
-        if current is not None:
-            return current.type
-    raise ValueError("a bare device index names a GPU, but this process sees none; name the device ('cpu')")
-
-
-def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    name = dtype.replace("torch.", "")
-    found = getattr(torch, name, None)
-    if not isinstance(found, torch.dtype):
-        raise ValueError(f"{dtype!r} is not a torch dtype")
-    return found
-
-
 def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
     """Groups of parameter names (sorted) that are the same parameter object (tied weights), sorted."""
     names_of: dict[int, list[str]] = {}
@@ -356,16 +231,16 @@ def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
     for group in tied_params:
         shared = None
         for name in group:
-            submodule, leaf = _submodule_and_leaf(model, name)
+            submodule, leaf = submodule_and_leaf(model, name)
             param = submodule._parameters.get(leaf)
             if param is not None and param.device.type != "meta":
                 shared = param
                 break
         if shared is None:
-            submodule, leaf = _submodule_and_leaf(model, group[0])
+            submodule, leaf = submodule_and_leaf(model, group[0])
             shared = submodule._parameters[leaf]
         for name in group:
-            submodule, leaf = _submodule_and_leaf(model, name)
+            submodule, leaf = submodule_and_leaf(model, name)
             submodule._parameters[leaf] = shared
 
 
@@ -381,8 +256,8 @@ def compute_module_sizes(
     `special_dtypes` maps tensor names to their own dtype. Tied weights count once.
     """
     sizes: dict[str, int] = defaultdict(int)
-    target = _as_dtype(dtype) if dtype is not None else None
-    specials = {k: _as_dtype(v) for k, v in (special_dtypes or {}).items()}
+    target = as_dtype(dtype) if dtype is not None else None
+    specials = {k: as_dtype(v) for k, v in (special_dtypes or {}).items()}
     tensors = model.named_buffers() if buffers_only else named_module_tensors(model, recurse=True)
     for name, tensor in tensors:
         if name in specials:
@@ -856,7 +731,7 @@ def load_checkpoint_in_model(
 
             wanted: dict[str, Any] = {k: v for k, v in state.items() if k in model_keys}
             if dtype is not None:
-                wanted = {k: v.to(_as_dtype(dtype)) if v.is_floating_point() else v for k, v in wanted.items()}
+                wanted = {k: v.to(as_dtype(dtype)) if v.is_floating_point() else v for k, v in wanted.items()}
             options = StateDictOptions(
                 full_state_dict=full_state_dict, strict=False, broadcast_from_rank0=broadcast_from_rank0
             )
@@ -871,7 +746,7 @@ def load_checkpoint_in_model(
                     if any(name == m or name.startswith(m + ".") or f".{m}." in f".{name}" for m in keep_fp32):
                         value_dtype = torch.float32
                     elif dtype is not None:
-                        value_dtype = _as_dtype(dtype)
+                        value_dtype = as_dtype(dtype)
                 target = _device_of(name, device_map)
                 if str(target) == "disk" and not offload_buffers and name not in parameter_names:
                     target = "cpu"  # buffers of disk-offloaded modules stay in memory unless offload_buffers

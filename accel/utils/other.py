@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import functools
+import platform
+import re
 import socket
 from typing import Any
+
+from accel.logging import get_logger
 
 
 def wait_for_everyone() -> None:
@@ -55,6 +59,28 @@ def is_port_in_use(port: int | None = None) -> bool:
         return s.connect_ex(("localhost", 29500 if port is None else port)) == 0
 
 
+#: oldest Linux kernel on which multi-process runs are known not to hang
+MIN_KERNEL = (5, 5, 0)
+
+
+def check_os_kernel() -> None:
+    """Warn (main process only) when the Linux kernel is older than 5.5, where distributed runs can hang."""
+    info = platform.uname()
+    if info.system != "Linux":
+        return
+    found = re.search(r"(\d+)\.(\d+)\.(\d+)", info.release)
+    if found is None:
+        return
+    version = tuple(int(part) for part in found.groups())
+    if version < MIN_KERNEL:
+        # the logger keeps the name it had when this lived in accel.utils.environment (filters may name it)
+        get_logger("accel.utils.environment").warning(
+            f"Detected kernel version {'.'.join(map(str, version))}, older than the recommended minimum "
+            f"{'.'.join(map(str, MIN_KERNEL))}: processes can hang. Upgrade the kernel to avoid it.",
+            main_process_only=True,
+        )
+
+
 # Accelerate keeps these in accelerate.utils.other too; users import them from there.
 from accel.utils.modeling import extract_model_from_parallel, id_tensor_storage, is_compiled_module  # noqa: E402
 from accel.utils.saving import clean_state_dict_for_safetensors, save  # noqa: E402
@@ -66,6 +92,7 @@ __all__ = [
     "get_pretty_name",
     "convert_bytes",
     "is_port_in_use",
+    "check_os_kernel",
     "extract_model_from_parallel",
     "id_tensor_storage",
     "is_compiled_module",
