@@ -19,7 +19,9 @@ import sys
 from typing import Any
 
 from accel.commands import launch_args
-from accel.sim.cuda import gpu_models, memory_picture
+from accel.commands.exit_codes import process_exit_code
+from accel.sim.cuda.gpus import cards as gpu_models
+from accel.sim.cuda.memory import picture as memory_picture
 from accel.sim.device_names import DEVICES
 
 #: simulated devices (their one definition is torch-free, so `--help` stays fast)
@@ -205,10 +207,3 @@ def _torchrun(argv: list[str], env: dict[str, str]) -> int:
         _, first = error.get_first_failure()
         return process_exit_code(first.exitcode)
     return 0
-
-
-def process_exit_code(exitcode: int | None) -> int:
-    """Our exit code for a process that ended with `exitcode` (negative: killed by that signal)."""
-    if exitcode is None or exitcode == 0:
-        return 1
-    return 128 - exitcode if exitcode < 0 else exitcode

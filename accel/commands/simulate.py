@@ -21,6 +21,7 @@ import signal
 import sys
 from typing import Any
 
+from accel.commands.exit_codes import process_exit_code
 from accel.sim.runtime import output
 
 #: the resource tracker's end-of-run warning, left out (see `_quiet_resource_tracker`)
@@ -80,13 +81,13 @@ def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
     _quiet_resource_tracker()
     env = {**env, **_terminal_env(world_size, shown)}
     if getattr(args, "gpu", None):
-        from accel.sim.cuda.gpu_models import GPU_ENV
+        from accel.sim.cuda.gpus.cards import GPU_ENV
 
         env[GPU_ENV] = args.gpu
     if getattr(args, "shapes_only", False):
         env["ACCEL_SIM_SHAPES_ONLY"] = "1"
     if getattr(args, "memory_report", None):
-        from accel.sim.cuda.memory_picture import REPORT_ENV
+        from accel.sim.cuda.memory.picture import REPORT_ENV
 
         env[REPORT_ENV] = os.path.abspath(args.memory_report)  # the ranks write it, from their own directory
     script = args.script if args.module else os.path.abspath(args.script)
@@ -287,8 +288,6 @@ def _terminal_env(world_size: int, shown: frozenset[int] | None) -> dict[str, st
 
 def exit_code(failures: dict[int, Any]) -> int:
     """The exit code of the first failing rank (the likely cause, listed first): its own, 128 + a signal, or 1."""
-    from accel.commands.launch import process_exit_code
-
     first = next(iter(failures.values()), None)
     if first is None:
         return 1
