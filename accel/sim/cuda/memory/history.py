@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import os
+import pathlib
 import sys
 import threading
 import time
@@ -34,7 +35,8 @@ _ACTIONS = frozenset(
      "oom", "snapshot"}
 )  # fmt: skip
 
-_SIM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: the simulator's own files (accel/sim/), whose frames a stack leaves out
+_SIM_DIR = str(pathlib.Path(__file__).resolve().parents[2]) + os.sep
 #: torch's frames between a program's call and the simulator's kernels (a real card's stack has no Python there)
 _DISPATCH_FILES = ("torch/_ops.py", "torch/utils/_python_dispatch.py", "torch/overrides.py")
 
