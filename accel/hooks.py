@@ -434,66 +434,26 @@ def attach_align_device_hook_on_blocks(
 ) -> None:
     """Attach hooks block by block: `execution_device` and `offload` map block names (a device map's keys) to values."""
     if not isinstance(execution_device, Mapping) and not isinstance(offload, Mapping):
-        if not offload:
-            hook = AlignDevicesHook(
-                execution_device=execution_device,
-                io_same_device=True,
-                skip_keys=skip_keys,
-                place_submodules=True,
-                tied_params_map=tied_params_map,
-            )
-            add_hook_to_module(module, hook)
-        else:
-            attach_align_device_hook(
-                module,
-                execution_device=execution_device,
-                offload=True,
-                weights_map=weights_map,
-                offload_buffers=offload_buffers,
-                module_name=module_name,
-                skip_keys=skip_keys,
-                tied_params_map=tied_params_map,
-            )
+        _attach_to_whole_model(
+            module, execution_device, offload, weights_map, offload_buffers, module_name, skip_keys, tied_params_map
+        )
         return
     devices = execution_device if isinstance(execution_device, Mapping) else dict.fromkeys(offload, execution_device)  # type: ignore[arg-type]
     offloads = offload if isinstance(offload, Mapping) else dict.fromkeys(devices, offload)
     if module_name in devices and module_name in offloads and not offloads[module_name]:
-        hook = AlignDevicesHook(
-            execution_device=devices[module_name],
-            offload_buffers=offload_buffers,
-            io_same_device=(module_name == ""),
-            place_submodules=True,
-            skip_keys=skip_keys,
-            tied_params_map=tied_params_map,
+        _attach_to_resident_block(
+            module, module_name, devices[module_name], offload_buffers, skip_keys, tied_params_map
         )
-        add_hook_to_module(module, hook)
-        attach_execution_device_hook(module, devices[module_name], skip_keys=skip_keys, tied_params_map=tied_params_map)
     elif module_name in devices and module_name in offloads:
-        attach_align_device_hook(
+        _attach_to_offloaded_block(
             module,
-            execution_device=devices[module_name],
-            offload=True,
-            weights_map=weights_map,
-            offload_buffers=offload_buffers,
-            module_name=module_name,
-            skip_keys=skip_keys,
-            preload_module_classes=preload_module_classes,
-            tied_params_map=tied_params_map,
-        )
-        if not hasattr(module, "_hf_hook"):
-            hook = AlignDevicesHook(
-                execution_device=devices[module_name],
-                io_same_device=(module_name == ""),
-                skip_keys=skip_keys,
-                tied_params_map=tied_params_map,
-            )
-            add_hook_to_module(module, hook)
-        attach_execution_device_hook(
-            module,
+            module_name,
             devices[module_name],
-            skip_keys=skip_keys,
-            preload_module_classes=preload_module_classes,
-            tied_params_map=tied_params_map,
+            weights_map,
+            offload_buffers,
+            skip_keys,
+            preload_module_classes,
+            tied_params_map,
         )
     elif module_name == "":
         hook = AlignDevicesHook(execution_device=devices.get(""), io_same_device=True, skip_keys=skip_keys)
@@ -511,6 +471,101 @@ def attach_align_device_hook_on_blocks(
             preload_module_classes=preload_module_classes,
             tied_params_map=tied_params_map,
         )
+
+
+def _attach_to_whole_model(
+    module: nn.Module,
+    execution_device: int | str | torch.device | None,
+    offload: bool,
+    weights_map: Mapping[str, torch.Tensor] | None,
+    offload_buffers: bool,
+    module_name: str,
+    skip_keys: str | list[str] | None,
+    tied_params_map: dict | None,
+) -> None:
+    """One device and one offload choice for the whole model: a single hook that runs it all on the device, or
+    offloading hooks on every submodule with weights."""
+    if not offload:
+        hook = AlignDevicesHook(
+            execution_device=execution_device,
+            io_same_device=True,
+            skip_keys=skip_keys,
+            place_submodules=True,
+            tied_params_map=tied_params_map,
+        )
+        add_hook_to_module(module, hook)
+        return
+    attach_align_device_hook(
+        module,
+        execution_device=execution_device,
+        offload=True,
+        weights_map=weights_map,
+        offload_buffers=offload_buffers,
+        module_name=module_name,
+        skip_keys=skip_keys,
+        tied_params_map=tied_params_map,
+    )
+
+
+def _attach_to_resident_block(
+    module: nn.Module,
+    module_name: str,
+    device: Any,
+    offload_buffers: bool,
+    skip_keys: str | list[str] | None,
+    tied_params_map: dict | None,
+) -> None:
+    """A block that lives on `device`: one hook places all its weights there; its submodules move inputs there."""
+    hook = AlignDevicesHook(
+        execution_device=device,
+        offload_buffers=offload_buffers,
+        io_same_device=(module_name == ""),
+        place_submodules=True,
+        skip_keys=skip_keys,
+        tied_params_map=tied_params_map,
+    )
+    add_hook_to_module(module, hook)
+    attach_execution_device_hook(module, device, skip_keys=skip_keys, tied_params_map=tied_params_map)
+
+
+def _attach_to_offloaded_block(
+    module: nn.Module,
+    module_name: str,
+    device: Any,
+    weights_map: Mapping[str, torch.Tensor] | None,
+    offload_buffers: bool,
+    skip_keys: str | list[str] | None,
+    preload_module_classes: list[str] | None,
+    tied_params_map: dict | None,
+) -> None:
+    """A block whose weights are offloaded: hooks load each submodule's weights onto `device` for its forward
+    (the block itself gets one that moves inputs when it has no weights of its own)."""
+    attach_align_device_hook(
+        module,
+        execution_device=device,
+        offload=True,
+        weights_map=weights_map,
+        offload_buffers=offload_buffers,
+        module_name=module_name,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        tied_params_map=tied_params_map,
+    )
+    if not hasattr(module, "_hf_hook"):
+        hook = AlignDevicesHook(
+            execution_device=device,
+            io_same_device=(module_name == ""),
+            skip_keys=skip_keys,
+            tied_params_map=tied_params_map,
+        )
+        add_hook_to_module(module, hook)
+    attach_execution_device_hook(
+        module,
+        device,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        tied_params_map=tied_params_map,
+    )
 
 
 class CpuOffload(ModelHook):

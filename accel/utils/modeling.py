@@ -1,18 +1,26 @@
-"""Finding the user's model inside the wrappers that training adds around it.
+"""The model as a whole: unwrapping it, sizing it, mapping it onto devices and loading weights into it.
 
-`prepare()` may put a model inside `DistributedDataParallel` (or another wrapper with a
-`.module`), and users may hand it a `torch.compile`d model; saving, loading and
-inspecting want the plain `nn.Module` back.
+- Unwrapping: `prepare()` may put a model inside `DistributedDataParallel` (or another
+  wrapper with a `.module`), and users may hand it a `torch.compile`d model; saving, loading
+  and inspecting want the plain `nn.Module` back (`extract_model_from_parallel`).
+- Sizes and device maps: `compute_module_sizes`, `get_balanced_memory` and
+  `infer_auto_device_map` plan where each submodule of a big model goes (GPUs, CPU, disk).
+- Loading: `load_checkpoint_in_model` fills a model (possibly on the meta device) from a
+  checkpoint, following a device map.
+
+Placing one tensor of a module lives below, in `accel.utils.module_tensors` (re-exported
+here), so that `accel.hooks` can use it without importing this module.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,6 +34,8 @@ from accel.utils.module_tensors import (  # noqa: F401  (public here too, as in 
     set_module_tensor_to_device,
     submodule_and_leaf,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def is_compiled_module(module: Any) -> bool:
@@ -450,121 +460,191 @@ def infer_auto_device_map(
     no_split = (
         [no_split_module_classes] if isinstance(no_split_module_classes, str) else list(no_split_module_classes or [])
     )
-    devices: list[int | str] = list(memory)
-    if "disk" not in devices:
-        devices.append("disk")
-    gpus = [d for d in devices if d not in ("cpu", "disk")]
-    main_devices = [gpus[0], "cpu"] if gpus else ["cpu"]
     sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
-    tied = find_tied_parameters(model)
-    pending: list[tuple[str, Any]] = (
-        list(model.named_parameters(recurse=False))
-        + list(model.named_children())
-        + list(model.named_buffers(recurse=False))
-    )
-    device_map: dict[str, int | str] = {}
-    used = dict.fromkeys(devices, 0)
-    current = 0
-    max_layer, max_layer_names = get_max_layer_size(pending, sizes, no_split)
-    too_small: dict[int | str, int] = {}  # device -> what the first module it could not take needed
-
-    def say(text: str) -> None:
-        if verbose:
-            print(text)
-
-    while pending:
-        name, module = pending.pop(0)
-        say(f"Treating module {name}.")
-        max_layer_names = [n for n in max_layer_names if n != name and not n.startswith(name + ".")]
-        if not max_layer_names:
-            max_layer, max_layer_names = get_max_layer_size(
-                [(n, m) for n, m in pending if isinstance(m, nn.Module)], sizes, no_split
-            )
-        size = sizes[name]
-        groups = [
-            g for g in tied if any(name + "." in k + "." for k in g) and not all(name + "." in k + "." for k in g)
-        ]
-        tied_outside = [p for g in groups for p in g if name + "." not in p + "."]
-        device = devices[current]
-        limit: int | None = None if device == "disk" else memory[device]
-        reserved = 0
-        if limit is not None and device in main_devices:
-            limit -= max_layer
-            reserved = max_layer
-        size_with_ties, tied_names, tied_modules = get_module_size_with_ties(tied_outside, size, sizes, pending)
-        if limit is None or used[device] + size_with_ties <= limit:
-            say(f"Putting {name} (size={size}) on {device}.")
-            used[device] += size_with_ties
-            device_map[name] = device
-            for tied_name in tied_names:
-                pending = [(n, m) for n, m in pending if n != tied_name]
-                device_map[tied_name] = device
-            continue
-        if tied_outside and used[device] + size <= limit:
-            split_one = False
-            for tied_name, tied_module in zip(tied_names, tied_modules, strict=True):
-                if _is_leaf_layer(tied_module, no_split):
-                    continue
-                children = list(tied_module.named_parameters(recurse=False)) + list(tied_module.named_children())
-                index = next(i for i, (n, _) in enumerate(pending) if n == tied_name)
-                pending = (
-                    [(name, module)]
-                    + pending[:index]
-                    + [(f"{tied_name}.{n}", c) for n, c in children]
-                    + pending[index + 1 :]
-                )
-                max_layer, max_layer_names = get_max_layer_size(
-                    [(n, m) for n, m in pending if isinstance(m, nn.Module)], sizes, no_split
-                )
-                split_one = True
-                break
-            if split_one:
-                continue
-        if used[device] + size >= limit and not _is_leaf_layer(module, no_split):
-            say(f"Splitting {name}.")
-            children = list(module.named_parameters(recurse=False)) + list(module.named_children())
-            pending = [(f"{name}.{n}", c) for n, c in children] + pending
-            max_layer, max_layer_names = get_max_layer_size(
-                [(n, m) for n, m in pending if isinstance(m, nn.Module)], sizes, no_split
-            )
-            continue
-        if used[device] == 0 and fallback_allocation:
-            room = memory[device] - max(max_layer, size_with_ties)
-            fallback = _first_fitting_layer(pending, sizes, room, no_split)
-            if fallback is not None:
-                pending = [fallback, (name, module)] + [(n, m) for n, m in pending if n != fallback[0]]
-                continue
-        say(f"Not enough space on {device} for {name} (size {size}): next device.")
-        if used[device] == 0:
-            too_small[device] = size_with_ties + reserved
-        used[device] += reserved
-        current += 1
-        if current >= len(devices):
-            raise RuntimeError(f"infer_auto_device_map: {name} fits on no device of {devices}")
-        pending = [(name, module)] + pending
+    plan = _DevicePlan(model, memory, no_split, sizes, verbose, fallback_allocation)
+    device_map = plan.run()
     if clean_result:
         device_map = clean_device_map(device_map)
-    if too_small:
-        import logging
-
-        needs = "\n".join(f"  - {device}: {need} bytes required" for device, need in too_small.items())
-        logging.getLogger(__name__).info(
+    if plan.too_small:
+        needs = "\n".join(f"  - {device}: {need} bytes required" for device, need in plan.too_small.items())
+        logger.info(
             "no module could be assigned to these devices because of insufficient memory (the first module "
             f"considered, plus room for the largest layer where it applies):\n{needs}"
         )
-    if not offload_buffers and gpus:
-        offloaded = [n for n, d in device_map.items() if d in ("cpu", "disk")]
-        buffer_size = sum(
-            compute_module_total_buffer_size(_get_submodule_or_none(model, n) or nn.Module(), dtype, special_dtypes)
-            for n in offloaded
-        )
-        if buffer_size and not any(memory[g] >= buffer_size + used.get(g, 0) for g in gpus):
-            warnings.warn(
-                f"the offloaded layers hold {buffer_size} bytes of buffers, which fit in no GPU's remaining memory; "
-                "pass offload_buffers=True if you run out of memory",
-                stacklevel=2,
-            )
+    if not offload_buffers and plan.gpus:
+        _warn_if_offloaded_buffers_fit_no_gpu(model, device_map, memory, plan.used, plan.gpus, dtype, special_dtypes)
     return device_map
+
+
+class _DevicePlan:
+    """`infer_auto_device_map` at work: the modules still to place (in order), the device being filled, what
+    each device holds, and the largest layer that the main devices keep room for."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        memory: dict[int | str, int],
+        no_split: list[str],
+        sizes: dict[str, int],
+        verbose: bool,
+        fallback_allocation: bool,
+    ) -> None:
+        self.memory = memory
+        self.no_split = no_split
+        self.sizes = sizes
+        self.verbose = verbose
+        self.fallback_allocation = fallback_allocation
+        self.devices: list[int | str] = list(memory)
+        if "disk" not in self.devices:
+            self.devices.append("disk")
+        self.gpus = [d for d in self.devices if d not in ("cpu", "disk")]
+        self.main_devices = [self.gpus[0], "cpu"] if self.gpus else ["cpu"]
+        self.tied = find_tied_parameters(model)
+        self.pending: list[tuple[str, Any]] = (
+            list(model.named_parameters(recurse=False))
+            + list(model.named_children())
+            + list(model.named_buffers(recurse=False))
+        )
+        self.device_map: dict[str, int | str] = {}
+        self.used = dict.fromkeys(self.devices, 0)
+        self.current = 0
+        self.max_layer, self.max_layer_names = get_max_layer_size(self.pending, sizes, no_split)
+        self.too_small: dict[int | str, int] = {}  # device -> what the first module it could not take needed
+
+    def run(self) -> dict[str, int | str]:
+        """Place every module; the device map."""
+        while self.pending:
+            name, module = self.pending.pop(0)
+            self._say(f"Treating module {name}.")
+            self.max_layer_names = [n for n in self.max_layer_names if n != name and not n.startswith(name + ".")]
+            if not self.max_layer_names:
+                self._find_max_layer()
+            self._place(name, module)
+        return self.device_map
+
+    def _say(self, text: str) -> None:
+        if self.verbose:
+            print(text)
+
+    def _find_max_layer(self) -> None:
+        modules = [(n, m) for n, m in self.pending if isinstance(m, nn.Module)]
+        self.max_layer, self.max_layer_names = get_max_layer_size(modules, self.sizes, self.no_split)
+
+    def _place(self, name: str, module: Any) -> None:
+        """Put `module` on the current device if it fits (with its tied modules); else split it, or a tied module,
+        or place a smaller layer first (`fallback_allocation`), or move on to the next device."""
+        size = self.sizes[name]
+        tied_outside = self._tied_outside(name)
+        device = self.devices[self.current]
+        limit: int | None = None if device == "disk" else self.memory[device]
+        reserved = 0
+        if limit is not None and device in self.main_devices:
+            limit -= self.max_layer
+            reserved = self.max_layer
+        size_with_ties, tied_names, tied_modules = get_module_size_with_ties(
+            tied_outside, size, self.sizes, self.pending
+        )
+        if limit is None or self.used[device] + size_with_ties <= limit:
+            self._put(name, size, size_with_ties, tied_names, device)
+            return
+        if (
+            tied_outside
+            and self.used[device] + size <= limit
+            and self._split_tied(name, module, tied_names, tied_modules)
+        ):
+            return
+        if self.used[device] + size >= limit and not _is_leaf_layer(module, self.no_split):
+            self._split(name, module)
+            return
+        if self.used[device] == 0 and self.fallback_allocation and self._fit_first(name, module, size_with_ties):
+            return
+        self._next_device(name, module, size, size_with_ties, reserved)
+
+    def _tied_outside(self, name: str) -> list[str]:
+        """The parameters outside `name` that are tied to one inside it."""
+        groups = [
+            g for g in self.tied if any(name + "." in k + "." for k in g) and not all(name + "." in k + "." for k in g)
+        ]
+        return [p for g in groups for p in g if name + "." not in p + "."]
+
+    def _put(self, name: str, size: int, size_with_ties: int, tied_names: list[str], device: int | str) -> None:
+        self._say(f"Putting {name} (size={size}) on {device}.")
+        self.used[device] += size_with_ties
+        self.device_map[name] = device
+        for tied_name in tied_names:
+            self.pending = [(n, m) for n, m in self.pending if n != tied_name]
+            self.device_map[tied_name] = device
+
+    def _split_tied(self, name: str, module: Any, tied_names: list[str], tied_modules: list[Any]) -> bool:
+        """Replace the first splittable module tied to `module` by its children, `module` back in front; whether
+        there was one."""
+        for tied_name, tied_module in zip(tied_names, tied_modules, strict=True):
+            if _is_leaf_layer(tied_module, self.no_split):
+                continue
+            children = list(tied_module.named_parameters(recurse=False)) + list(tied_module.named_children())
+            index = next(i for i, (n, _) in enumerate(self.pending) if n == tied_name)
+            self.pending = (
+                [(name, module)]
+                + self.pending[:index]
+                + [(f"{tied_name}.{n}", c) for n, c in children]
+                + self.pending[index + 1 :]
+            )
+            self._find_max_layer()
+            return True
+        return False
+
+    def _split(self, name: str, module: Any) -> None:
+        self._say(f"Splitting {name}.")
+        children = list(module.named_parameters(recurse=False)) + list(module.named_children())
+        self.pending = [(f"{name}.{n}", c) for n, c in children] + self.pending
+        self._find_max_layer()
+
+    def _fit_first(self, name: str, module: Any, size_with_ties: int) -> bool:
+        """Put in front of `module` the first remaining layer that fits the empty current device; whether one does."""
+        device = self.devices[self.current]
+        room = self.memory[device] - max(self.max_layer, size_with_ties)
+        fallback = _first_fitting_layer(self.pending, self.sizes, room, self.no_split)
+        if fallback is None:
+            return False
+        self.pending = [fallback, (name, module)] + [(n, m) for n, m in self.pending if n != fallback[0]]
+        return True
+
+    def _next_device(self, name: str, module: Any, size: int, size_with_ties: int, reserved: int) -> None:
+        """Leave the current device (with the room it keeps for the largest layer counted as used) and put
+        `module` back in front, for the next device."""
+        device = self.devices[self.current]
+        self._say(f"Not enough space on {device} for {name} (size {size}): next device.")
+        if self.used[device] == 0:
+            self.too_small[device] = size_with_ties + reserved
+        self.used[device] += reserved
+        self.current += 1
+        if self.current >= len(self.devices):
+            raise RuntimeError(f"infer_auto_device_map: {name} fits on no device of {self.devices}")
+        self.pending = [(name, module)] + self.pending
+
+
+def _warn_if_offloaded_buffers_fit_no_gpu(
+    model: nn.Module,
+    device_map: dict[str, int | str],
+    memory: dict[int | str, int],
+    used: dict[int | str, int],
+    gpus: list[int | str],
+    dtype: str | torch.dtype | None,
+    special_dtypes: dict[str, str | torch.dtype] | None,
+) -> None:
+    """Warn when the buffers of the modules mapped to the CPU or the disk (which stay on the execution device
+    unless `offload_buffers`) fit in no GPU's remaining memory."""
+    offloaded = [n for n, d in device_map.items() if d in ("cpu", "disk")]
+    buffer_size = sum(
+        compute_module_total_buffer_size(_get_submodule_or_none(model, n) or nn.Module(), dtype, special_dtypes)
+        for n in offloaded
+    )
+    if buffer_size and not any(memory[g] >= buffer_size + used.get(g, 0) for g in gpus):
+        warnings.warn(
+            f"the offloaded layers hold {buffer_size} bytes of buffers, which fit in no GPU's remaining memory; "
+            "pass offload_buffers=True if you run out of memory",
+            stacklevel=3,
+        )
 
 
 def _get_submodule_or_none(model: nn.Module, name: str) -> nn.Module | None:
@@ -704,84 +784,142 @@ def load_checkpoint_in_model(
     """
     if offload_8bit_bnb:
         raise ValueError("offload_8bit_bnb is for bitsandbytes 8-bit weights, which accel does not load")
-    disk = device_map is not None and "disk" in [str(v) for v in device_map.values()]
-    if disk and offload_folder is None:
+    _make_offload_folder(device_map, offload_folder)
+    tied = find_tied_parameters(model)
+    model_keys = set(model.state_dict())
+    mapped = None
+    if device_map is not None:
+        mapped = _MappedLoad(model, device_map, dtype, keep_in_fp32_modules, offload_buffers, offload_folder)
+
+    def load(state: dict[str, torch.Tensor]) -> set[str]:
+        if mapped is None:
+            return _load_through_torch(model, state, dtype, full_state_dict, broadcast_from_rank0)
+        return mapped.load(state)
+
+    # with broadcast_from_rank0, rank 0 reads the files (and reports on keys); the others receive
+    reads = not broadcast_from_rank0 or not dist.is_initialized() or dist.get_rank() == 0
+    loaded, unexpected = _read_checkpoint(_checkpoint_files(checkpoint), model_keys, reads, load)
+    if mapped is not None and mapped.offload_index:
+        from accel.utils.offload import save_offload_index
+
+        save_offload_index(mapped.offload_index, offload_folder)  # type: ignore[arg-type]
+    if reads:
+        missing = sorted(model_keys - loaded - {n for g in tied for n in g if any(m in loaded for m in g)})
+        _report_keys(model, checkpoint, missing, sorted(unexpected), strict)
+    retie_parameters(model, tied)
+
+
+def _make_offload_folder(device_map: dict[str, Any] | None, offload_folder: str | os.PathLike | None) -> None:
+    """Create `offload_folder` when the device map puts modules on "disk" (which needs one)."""
+    if device_map is None or "disk" not in [str(v) for v in device_map.values()]:
+        return
+    if offload_folder is None:
         raise ValueError(
             "device_map puts modules on 'disk': pass offload_folder=..., the folder their weights are written to"
         )
-    offload_index: dict[str, Any] = {}
-    if disk:
-        os.makedirs(os.fspath(offload_folder), exist_ok=True)  # type: ignore[arg-type]  # checked above
-    import logging
+    os.makedirs(os.fspath(offload_folder), exist_ok=True)
 
-    tied = find_tied_parameters(model)
-    keep_fp32 = list(keep_in_fp32_modules or [])
-    model_keys = set(model.state_dict())
-    parameter_names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+
+def _read_checkpoint(
+    files: list[str], model_keys: set[str], reads: bool, load: Callable[[dict[str, torch.Tensor]], set[str]]
+) -> tuple[set[str], set[str]]:
+    """Hand the model's keys of each file to `load` (which answers the keys it loaded), one file at a time
+    (nothing read where `reads` is False); the keys loaded and the checkpoint's keys the model lacks."""
     loaded: set[str] = set()
     unexpected: set[str] = set()
-    files = _checkpoint_files(checkpoint)
-    # with broadcast_from_rank0, rank 0 reads the files (and reports on keys); the others receive
-    reads = not broadcast_from_rank0 or not dist.is_initialized() or dist.get_rank() == 0
     for file in files:
         state = load_state_dict(file) if reads else {}
         unexpected |= set(state) - model_keys
-        if device_map is None:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            wanted: dict[str, Any] = {k: v for k, v in state.items() if k in model_keys}
-            if dtype is not None:
-                wanted = {k: v.to(as_dtype(dtype)) if v.is_floating_point() else v for k, v in wanted.items()}
-            options = StateDictOptions(
-                full_state_dict=full_state_dict, strict=False, broadcast_from_rank0=broadcast_from_rank0
-            )
-            set_model_state_dict(model, wanted, options=options)
-            loaded |= set(wanted)
-        else:
-            for name, value in state.items():
-                if name not in model_keys:
-                    continue
-                value_dtype = None
-                if value.is_floating_point():
-                    if any(name == m or name.startswith(m + ".") or f".{m}." in f".{name}" for m in keep_fp32):
-                        value_dtype = torch.float32
-                    elif dtype is not None:
-                        value_dtype = as_dtype(dtype)
-                target = _device_of(name, device_map)
-                if str(target) == "disk" and not offload_buffers and name not in parameter_names:
-                    target = "cpu"  # buffers of disk-offloaded modules stay in memory unless offload_buffers
-                if str(target) == "disk":
-                    from accel.utils.offload import offload_weight
-
-                    stored = value.to(value_dtype) if value_dtype is not None else value
-                    offload_weight(stored, name, offload_folder, index=offload_index)  # type: ignore[arg-type]
-                    set_module_tensor_to_device(model, name, "meta", dtype=value_dtype)
-                else:
-                    set_module_tensor_to_device(model, name, target, value=value, dtype=value_dtype)
-                loaded.add(name)
+        wanted = {k: v for k, v in state.items() if k in model_keys}
         del state
-    if offload_index:
-        from accel.utils.offload import save_offload_index
+        loaded |= load(wanted)
+        del wanted  # freed before the next file is read: one file's tensors in memory at a time
+    return loaded, unexpected
 
-        save_offload_index(offload_index, offload_folder)  # type: ignore[arg-type]
-    if not reads:
-        retie_parameters(model, tied)
-        return
-    missing = sorted(model_keys - loaded - {n for g in tied for n in g if any(m in loaded for m in g)})
+
+def _load_through_torch(
+    model: nn.Module,
+    state: dict[str, Any],
+    dtype: str | torch.dtype | None,
+    full_state_dict: bool,
+    broadcast_from_rank0: bool,
+) -> set[str]:
+    """Load `state` (the model's own keys) with torch's `set_model_state_dict`, which also fills sharded models;
+    the keys of the dict torch was handed."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    if dtype is not None:
+        state = {k: v.to(as_dtype(dtype)) if v.is_floating_point() else v for k, v in state.items()}
+    options = StateDictOptions(full_state_dict=full_state_dict, strict=False, broadcast_from_rank0=broadcast_from_rank0)
+    set_model_state_dict(model, state, options=options)
+    # torch adds to the dict it is handed the model's keys it lacked: they count as loaded, as they always have
+    return set(state)
+
+
+class _MappedLoad:
+    """Loading along a device map: each tensor goes to its module's device in its loading dtype, or, for a
+    module mapped to "disk", into the offload folder (its index kept in `offload_index`)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        device_map: dict[str, Any],
+        dtype: str | torch.dtype | None,
+        keep_in_fp32_modules: list[str] | None,
+        offload_buffers: bool,
+        offload_folder: str | os.PathLike | None,
+    ) -> None:
+        self.model = model
+        self.device_map = device_map
+        self.dtype = dtype
+        self.keep_fp32 = list(keep_in_fp32_modules or [])
+        self.offload_buffers = offload_buffers
+        self.offload_folder = offload_folder
+        self.offload_index: dict[str, Any] = {}
+        self.parameter_names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
+
+    def load(self, state: dict[str, torch.Tensor]) -> set[str]:
+        """Place every tensor of `state` (the model's own keys); their names."""
+        for name, value in state.items():
+            value_dtype = self._dtype_for(name, value)
+            target = _device_of(name, self.device_map)
+            if str(target) == "disk" and not self.offload_buffers and name not in self.parameter_names:
+                target = "cpu"  # buffers of disk-offloaded modules stay in memory unless offload_buffers
+            if str(target) == "disk":
+                from accel.utils.offload import offload_weight
+
+                stored = value.to(value_dtype) if value_dtype is not None else value
+                offload_weight(stored, name, self.offload_folder, index=self.offload_index)  # type: ignore[arg-type]
+                set_module_tensor_to_device(self.model, name, "meta", dtype=value_dtype)
+            else:
+                set_module_tensor_to_device(self.model, name, target, value=value, dtype=value_dtype)
+        return set(state)
+
+    def _dtype_for(self, name: str, value: torch.Tensor) -> torch.dtype | None:
+        """The dtype a floating tensor is loaded in: fp32 in the modules kept in fp32, else the one asked for."""
+        if not value.is_floating_point():
+            return None
+        if any(name == m or name.startswith(m + ".") or f".{m}." in f".{name}" for m in self.keep_fp32):
+            return torch.float32
+        return as_dtype(self.dtype) if self.dtype is not None else None
+
+
+def _report_keys(
+    model: nn.Module, checkpoint: str | os.PathLike, missing: list[str], unexpected: list[str], strict: bool
+) -> None:
+    """Raise (`strict`) or log about the checkpoint's keys the model lacks and the model's keys it lacks."""
     if strict and (missing or unexpected):
         raise RuntimeError(
             f"Error(s) in loading state_dict for {type(model).__name__}: missing keys {missing}, "
-            f"unexpected keys {sorted(unexpected)} (checkpoint {os.fspath(checkpoint)})"
+            f"unexpected keys {unexpected} (checkpoint {os.fspath(checkpoint)})"
         )
-    log = logging.getLogger(__name__)
     if unexpected:
-        log.warning(
+        logger.warning(
             f"Some weights of the model checkpoint at {os.fspath(checkpoint)} were not used when initializing "
-            f"{type(model).__name__}: {sorted(unexpected)}. Check that the checkpoint matches the model definition."
+            f"{type(model).__name__}: {unexpected}. Check that the checkpoint matches the model definition."
         )
     if missing:
-        log.warning(f"Some weights of {type(model).__name__} were not in {os.fspath(checkpoint)}: {missing}")
-    retie_parameters(model, tied)
+        logger.warning(f"Some weights of {type(model).__name__} were not in {os.fspath(checkpoint)}: {missing}")
 
 
 def has_offloaded_params(module: nn.Module) -> bool:
