@@ -13,6 +13,7 @@ accel` stays free of it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -167,8 +168,45 @@ def notebook_launcher(
     if is_torch_xla_available(check_is_tpu=True):
         _launch_on_tpu_cores(function, tuple(args), num_processes, precision)
         return
-    if node_rank >= num_nodes:
-        raise ValueError(f"notebook_launcher: node_rank ({node_rank}) must be less than num_nodes ({num_nodes})")
+    rendezvous = _Rendezvous(
+        num_nodes, node_rank, master_addr, use_port, rdzv_backend, rdzv_endpoint, rdzv_conf, rdzv_id
+    )
+    _launch_elastic(
+        function, args, num_processes, precision, rendezvous, max_restarts, monitor_interval, log_line_prefix_template
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rendezvous:
+    """Where the processes of an elastic launch meet: `notebook_launcher`'s node and rendezvous arguments."""
+
+    num_nodes: int
+    node_rank: int
+    master_addr: str
+    port: str
+    backend: str
+    endpoint: str
+    conf: dict[str, Any] | None
+    run_id: str
+
+
+def _launch_elastic(
+    function: Callable[..., Any],
+    args: tuple,
+    num_processes: int | None,
+    precision: str,
+    rendezvous: _Rendezvous,
+    max_restarts: int,
+    monitor_interval: float,
+    log_line_prefix_template: str | None,
+) -> None:
+    """Run `function(*args)` on this node's processes (one per GPU by default, else CPU ones) through
+    torch's elastic launcher; one process on one node simply calls it here."""
+    if rendezvous.node_rank >= rendezvous.num_nodes:
+        raise ValueError(
+            f"notebook_launcher: node_rank ({rendezvous.node_rank}) must be less than "
+            f"num_nodes ({rendezvous.num_nodes})"
+        )
     gpus = _gpu_count()
     if num_processes is None:
         if gpus == 0:
@@ -177,38 +215,57 @@ def notebook_launcher(
                 "or simulate devices with simulate='cuda' or 'xla'"
             )
         num_processes = gpus
-    if num_processes == 1 and num_nodes == 1:
+    if num_processes == 1 and rendezvous.num_nodes == 1:
         with patch_environment(**{_PRECISION_ENV: precision}):
             function(*args)
         return
     _refuse_initialised_state("notebook_launcher")
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    rdzv_conf = dict(rdzv_conf or {})
-    if rdzv_backend == "static":
-        rdzv_conf["rank"] = node_rank
-        rdzv_endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
-    config = LaunchConfig(
-        min_nodes=num_nodes,
-        max_nodes=num_nodes,
+    config = _launch_config(num_processes, rendezvous, max_restarts, monitor_interval, log_line_prefix_template)
+    nodes = f" per node, on {rendezvous.num_nodes} nodes" if rendezvous.num_nodes > 1 else ""
+    print(f"Launching training on {num_processes} {'GPU' if gpus else 'CPU'} processes{nodes}.")
+    environment = {
+        _PRECISION_ENV: precision,
+        "MASTER_ADDR": rendezvous.master_addr,
+        "MASTER_PORT": str(rendezvous.port),
+    }
+    if not gpus:
+        environment["ACCEL_USE_CPU"] = "1"
+    with patch_environment(**environment):
+        elastic_launch(config=config, entrypoint=function)(*args)
+
+
+def _launch_config(
+    num_processes: int,
+    rendezvous: _Rendezvous,
+    max_restarts: int,
+    monitor_interval: float,
+    log_line_prefix_template: str | None,
+) -> Any:
+    """torch's elastic launch configuration: `num_processes` per node, meeting as `rendezvous` says (a static
+    rendezvous is machine 0's address, with this node's rank)."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    conf = dict(rendezvous.conf or {})
+    endpoint = rendezvous.endpoint
+    if rendezvous.backend == "static":
+        conf["rank"] = rendezvous.node_rank
+        endpoint = endpoint or f"{rendezvous.master_addr}:{rendezvous.port}"
+    return LaunchConfig(
+        min_nodes=rendezvous.num_nodes,
+        max_nodes=rendezvous.num_nodes,
         nproc_per_node=num_processes,
-        run_id=rdzv_id,
-        rdzv_endpoint=rdzv_endpoint,
-        rdzv_backend=rdzv_backend,
-        rdzv_configs=rdzv_conf,
+        run_id=rendezvous.run_id,
+        rdzv_endpoint=endpoint,
+        rdzv_backend=rendezvous.backend,
+        rdzv_configs=conf,
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
         # fork: a function defined in a notebook cell reaches the processes without pickling
         start_method="fork",
         log_line_prefix_template=log_line_prefix_template,
     )
-    nodes = f" per node, on {num_nodes} nodes" if num_nodes > 1 else ""
-    print(f"Launching training on {num_processes} {'GPU' if gpus else 'CPU'} processes{nodes}.")
-    environment = {_PRECISION_ENV: precision, "MASTER_ADDR": master_addr, "MASTER_PORT": str(use_port)}
-    if not gpus:
-        environment["ACCEL_USE_CPU"] = "1"
-    with patch_environment(**environment):
-        elastic_launch(config=config, entrypoint=function)(*args)
 
 
 __all__ = ["debug_launcher", "notebook_launcher"]

@@ -81,15 +81,76 @@ def distributed_test(
     `faults` injects failures: `accel.sim.Fault` objects or spec strings such as
     ``"kill:rank=1:collective=3"`` (`accel.sim.diagnoses.faults.parse_fault`).
     `gpu` names the card of the simulated GPUs (``device="cuda"``): "H100", "L4", ... or
-    "memory=24GiB,capability=8.9" (`accel.sim.cuda.gpu_models`); default ``ACCEL_SIM_GPU``, else an H100.
+    "memory=24GiB,capability=8.9" (`accel.sim.cuda.gpus.cards`); default ``ACCEL_SIM_GPU``, else an H100.
     `report_memory=True`: each rank prints its GPUs' peak memory after the body (shown with
     the test's output: ``pytest -rP`` or ``-s``). `shapes_only=True`: the simulated GPUs hold
-    shapes, not data (`accel.sim.cuda.shapes`): memory and out-of-memory without the compute.
+    shapes, not data (`accel.sim.cuda.gpus.shapes`): memory and out-of-memory without the compute.
     """
     from accel.sim.diagnoses.faults import as_faults
-    from accel.sim.runtime.launcher import GpuOptions, check_gpu
 
     injected = as_faults(list(faults))
+    world_sizes, devices = _checked_options(world_size, device, timeout, check_collectives, gpu, shapes_only)
+    mark = _distributed_mark(world_size, device, timeout, isolated, check_collectives, injected)
+
+    def decorate(body: Callable[..., Any]) -> Callable[..., Any]:
+        signature = _checked_signature(body)
+        spec = DistributedSpec(
+            body=_with_gpu_options(body, gpu, report_memory, shapes_only),
+            params=tuple(signature.parameters),
+            world_sizes=world_sizes,
+            devices=devices,
+            timeout=float(timeout),
+            isolated=bool(isolated),
+            check_collectives=check_collectives,
+            faults=injected,
+        )
+        return _collected(_stand_in(body, signature), spec, mark)
+
+    return decorate
+
+
+def _distributed_mark(
+    world_size: int | Sequence[int],
+    device: str | Sequence[str],
+    timeout: float,
+    isolated: bool,
+    check_collectives: bool | None,
+    faults: tuple[Any, ...],
+) -> pytest.MarkDecorator:
+    """The `distributed` mark of a test, holding the decorator's options as they were given."""
+    return pytest.mark.distributed(
+        world_size=world_size,
+        device=device,
+        timeout=timeout,
+        isolated=isolated,
+        check_collectives=check_collectives,
+        faults=faults,
+    )
+
+
+def _collected(distributed: Callable[..., Any], spec: DistributedSpec, mark: pytest.MarkDecorator) -> Any:
+    """The stand-in as pytest collects it: carrying `spec` and `mark`, parametrized over the world
+    sizes and devices when there are several."""
+    distributed._accel_distributed = spec  # type: ignore[attr-defined]  # our marker on the function
+    marked: Any = mark(distributed)
+    if len(spec.world_sizes) > 1:
+        marked = pytest.mark.parametrize("world_size", spec.world_sizes)(marked)
+    if len(spec.devices) > 1:
+        marked = pytest.mark.parametrize("device", spec.devices)(marked)
+    return marked
+
+
+def _checked_options(
+    world_size: int | Sequence[int],
+    device: str | Sequence[str],
+    timeout: float,
+    check_collectives: bool | None,
+    gpu: str | None,
+    shapes_only: bool,
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The world sizes and devices asked for, once the decorator's options are known to be valid."""
+    from accel.sim.runtime.launcher import check_gpu
+
     if check_collectives is not None and not isinstance(check_collectives, bool):
         raise TypeError(
             f"@distributed_test(check_collectives=...) takes True, False or None, got {check_collectives!r}"
@@ -105,70 +166,62 @@ def distributed_test(
             check_gpu(gpu or "", devices)
         except ValueError as error:
             raise ValueError(f"@distributed_test: {error}") from None
+    return world_sizes, devices
 
-    def decorate(body: Callable[..., Any]) -> Callable[..., Any]:
-        if not inspect.isfunction(body):
-            raise TypeError(f"@distributed_test decorates a test function, got {body!r}")
-        if inspect.iscoroutinefunction(body) or inspect.isgeneratorfunction(body):
-            raise TypeError(
-                f"@distributed_test cannot run {body.__qualname__}: async and generator tests are not supported"
-            )
-        signature = inspect.signature(body)
-        variadic = [p.name for p in signature.parameters.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        if variadic:
-            raise TypeError(f"@distributed_test: {body.__qualname__} takes *{variadic[0]}; name each fixture it needs")
-        params = tuple(signature.parameters)
 
-        @functools.wraps(body)
-        def distributed(*args: Any, **kwargs: Any) -> None:
-            raise RuntimeError(
-                f"{body.__qualname__} is a @distributed_test: run it with pytest and the accel harness plugin "
-                "(entry point 'accel_harness'), or call accel.sim.launch yourself"
-            )
-
-        # The stand-in must not look like a hypothesis test to pytest's hypothesis plugin:
-        # @given runs inside the ranks (on `body`), and the plugin's checks of the
-        # stand-in (function-scoped fixtures such as `rank`) do not apply to it.
-        for name in [
-            key
-            for key in vars(distributed)
-            if key in ("hypothesis", "is_hypothesis_test") or key.startswith("_hypothesis")
-        ]:
-            delattr(distributed, name)
-
-        extra = [
-            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY)
-            for name in ("world_size", "device")
-            if name not in signature.parameters
-        ]
-        distributed.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *extra])  # type: ignore[attr-defined]  # read by pytest
-        distributed._accel_distributed = DistributedSpec(  # type: ignore[attr-defined]  # our marker on the function
-            body=body
-            if gpu is None and not report_memory and not shapes_only
-            else _on_gpu(body, GpuOptions(gpu, bool(report_memory), bool(shapes_only))),
-            params=params,
-            world_sizes=world_sizes,
-            devices=devices,
-            timeout=float(timeout),
-            isolated=bool(isolated),
-            check_collectives=check_collectives,
-            faults=injected,
+def _checked_signature(body: Callable[..., Any]) -> inspect.Signature:
+    """The signature of a test body the ranks can call: a plain function naming each fixture it takes."""
+    if not inspect.isfunction(body):
+        raise TypeError(f"@distributed_test decorates a test function, got {body!r}")
+    if inspect.iscoroutinefunction(body) or inspect.isgeneratorfunction(body):
+        raise TypeError(
+            f"@distributed_test cannot run {body.__qualname__}: async and generator tests are not supported"
         )
-        marked: Any = pytest.mark.distributed(
-            world_size=world_size,
-            device=device,
-            timeout=timeout,
-            isolated=isolated,
-            check_collectives=check_collectives,
-            faults=injected,
-        )(distributed)
-        if len(world_sizes) > 1:
-            marked = pytest.mark.parametrize("world_size", world_sizes)(marked)
-        if len(devices) > 1:
-            marked = pytest.mark.parametrize("device", devices)(marked)
-        return marked
+    signature = inspect.signature(body)
+    variadic = [p.name for p in signature.parameters.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if variadic:
+        raise TypeError(f"@distributed_test: {body.__qualname__} takes *{variadic[0]}; name each fixture it needs")
+    return signature
 
-    return decorate
+
+def _stand_in(body: Callable[..., Any], signature: inspect.Signature) -> Callable[..., Any]:
+    """What pytest collects in place of `body`: it refuses to be called, and its signature adds
+    `world_size` and `device` to the body's so that they can parametrize it."""
+
+    @functools.wraps(body)
+    def distributed(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(
+            f"{body.__qualname__} is a @distributed_test: run it with pytest and the accel harness plugin "
+            "(entry point 'accel_harness'), or call accel.sim.launch yourself"
+        )
+
+    # The stand-in must not look like a hypothesis test to pytest's hypothesis plugin:
+    # @given runs inside the ranks (on `body`), and the plugin's checks of the
+    # stand-in (function-scoped fixtures such as `rank`) do not apply to it.
+    for name in [
+        key for key in vars(distributed) if key in ("hypothesis", "is_hypothesis_test") or key.startswith("_hypothesis")
+    ]:
+        delattr(distributed, name)
+
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY)
+        for name in ("world_size", "device")
+        if name not in signature.parameters
+    ]
+    distributed.__signature__ = signature.replace(parameters=[*signature.parameters.values(), *extra])  # type: ignore[attr-defined]  # read by pytest
+    return distributed
+
+
+def _with_gpu_options(
+    body: Callable[..., Any], gpu: str | None, report_memory: bool, shapes_only: bool
+) -> Callable[..., Any]:
+    """`body` as the ranks run it: itself, or on simulated GPUs when the decorator asks for a card,
+    a memory report or shapes only."""
+    if gpu is None and not report_memory and not shapes_only:
+        return body
+    from accel.sim.runtime.launcher import GpuOptions
+
+    return _on_gpu(body, GpuOptions(gpu, bool(report_memory), bool(shapes_only)))
 
 
 def _on_gpu(body: Callable[..., Any], options: GpuOptions) -> Callable[..., Any]:

@@ -137,12 +137,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every option of `accel launch` to `parser`."""
     parser.add_argument("--config_file", help="an Accelerate config file (default: Accelerate's own, if present)")
     parser.add_argument("-q", "--quiet", action="store_true", help="say less about the launch itself")
+    _add_hardware(parser)
+    _add_resources(parser)
+    _add_distributed(parser)
+    _add_program(parser)
+    _add_simulation(parser)
+    _add_fsdp(parser)
+    _add_unsupported(parser)
+    parser.add_argument("script", help="the Python script to run (a module with -m, a program with --no_python)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
+
+def _add_hardware(parser: argparse.ArgumentParser) -> None:
+    """Which hardware to train on."""
     hardware = parser.add_argument_group("Hardware")
     hardware.add_argument("--cpu", action="store_true", default=None, help="train on the CPU even with GPUs present")
     hardware.add_argument("--multi_gpu", action="store_true", help="distributed training on several GPUs")
     hardware.add_argument("--tpu", action="store_true", help="TPU training (on TPUs: only with --simulate xla)")
 
+
+def _add_resources(parser: argparse.ArgumentParser) -> None:
+    """How many processes, threads and machines, and the precision and compile settings of Accelerator()."""
     resources = parser.add_argument_group("Resources")
     resources.add_argument(
         "--mixed_precision", choices=("no", "fp16", "bf16", "fp8"), help="mixed precision given to Accelerator()"
@@ -160,6 +175,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     resources.add_argument("--dynamo_use_dynamic", action="store_true", help=argparse.SUPPRESS)
     resources.add_argument("--dynamo_use_regional_compilation", action="store_true", help=argparse.SUPPRESS)
 
+
+def _add_distributed(parser: argparse.ArgumentParser) -> None:
+    """How the processes find each other and are run (torchrun's options, Accelerator() settings)."""
     distributed = parser.add_argument_group("Distributed")
     distributed.add_argument("--gpu_ids", help="GPUs of this machine to use, e.g. 0,1 (CUDA_VISIBLE_DEVICES)")
     distributed.add_argument(
@@ -187,10 +205,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--downcast_bf16", action="store_true", default=None, help="TPU bf16: keep float64 as float32"
     )
 
+
+def _add_program(parser: argparse.ArgumentParser) -> None:
+    """What SCRIPT is: a Python file, a module or a program."""
     program = parser.add_argument_group("Program")
     program.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
     program.add_argument("--no_python", action="store_true", help="SCRIPT is an executable, not Python")
 
+
+def _add_simulation(parser: argparse.ArgumentParser) -> None:
+    """accel's own options: simulated devices, GPU cards, faults, which ranks run and are shown."""
     sim = parser.add_argument_group("Simulation (accel's own)")
     sim.add_argument("--simulate", choices=DEVICES, help="run on N simulated devices of this kind on this machine")
     sim.add_argument(
@@ -237,18 +261,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="inject a fault in the first attempt, e.g. kill:rank=1:collective=3 (see accel.sim.parse_fault)",
     )
 
+
+def _add_fsdp(parser: argparse.ArgumentParser) -> None:
+    """`--use_fsdp` and Accelerate's `--fsdp_*` flags."""
     fsdp = parser.add_argument_group("FSDP (FSDP2: fully_shard, see accel.fsdp)")
     fsdp.add_argument("--use_fsdp", action="store_true", default=None, help="shard models with FSDP (GPUs)")
     for flag, default in FSDP_FLAGS.items():
         fsdp.add_argument(f"--{flag}", default=default, help=f"FullyShardedDataParallelPlugin: {flag[5:]}")
 
+
+def _add_unsupported(parser: argparse.ArgumentParser) -> None:
+    """Accelerate's flags for what accel does not support: each is an error naming what it needs."""
     unsupported = parser.add_argument_group("Unsupported")
     for what, flags in UNSUPPORTED_FLAGS.items():
         for flag in flags:
             unsupported.add_argument(flag, action=_Unsupported, what=what)
-
-    parser.add_argument("script", help="the Python script to run (a module with -m, a program with --no_python)")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
 
 
 def default_config_file() -> str:

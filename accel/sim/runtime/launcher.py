@@ -231,50 +231,71 @@ def launch(
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on `world_size` simulated ranks; the list of their return values.
 
-    Each rank is a process with a real Gloo process group, the launcher's environment
-    (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the
-    simulated `device` ("cpu", "cuda" or "xla") installed, so `PartialState()` is set up
-    as on that hardware. Ranks are kept warm between launches and start each one clean;
-    `isolated=True` uses fresh processes. What ranks print is relayed, prefixed
-    ``[rank N]``. With `world_size=1` the rank still has a process group (of size 1).
+    Each rank is a process with a real Gloo process group, the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and the simulated `device` ("cpu", "cuda" or "xla") installed, so
+    `PartialState()` is set up as on that hardware. Ranks are kept warm between launches and start each one clean;
+    `isolated=True` uses fresh processes. What ranks print is relayed, prefixed ``[rank N]``. With `world_size=1` the
+    rank still has a process group (of size 1).
 
-    Every collective is checked across ranks before it runs (`check_collectives`,
-    default: on unless ``ACCEL_SIM_CHECK_COLLECTIVES=0``): ranks calling different
-    collectives fail at once with `CollectiveMismatch`, naming each rank's collective
-    and the line that called it. `faults` injects failures (`accel.sim.Fault` or spec
+    Every collective is checked across ranks before it runs (`check_collectives`, default: on unless
+    ``ACCEL_SIM_CHECK_COLLECTIVES=0``): ranks calling different collectives fail at once with `CollectiveMismatch`,
+    naming each rank's collective and the line that called it. `faults` injects failures (`accel.sim.Fault` or spec
     strings such as ``"kill:rank=1:collective=3"``, see `accel.sim.diagnoses.faults.parse_fault`).
 
     Raises:
-        DistributedFailure: a rank raised, exited or was killed (every failed rank is
-            named with its own traceback, exit code or signal).
-        DistributedTimeout: ranks were still running `timeout` seconds after the call
-            was sent to them (starting fresh ranks is not counted); each live rank's
-            Python stack is in the message, and the ranks are killed. `timeout=None`
-            sets no limit.
-        DistributedDeadlock: ranks waited in a collective their peers would never join
-            (those had returned); raised within about a second, with the waiting
-            ranks' collectives, locations and stacks.
+        DistributedFailure: a rank raised, exited or was killed (every failed rank is named with its own traceback, exit
+            code or signal).
+        DistributedTimeout: ranks were still running `timeout` seconds after the call was sent to them (starting fresh
+            ranks is not counted); each live rank's Python stack is in the message, and the ranks are killed.
+            `timeout=None` sets no limit.
+        DistributedDeadlock: ranks waited in a collective their peers would never join (those had returned); raised
+            within about a second, with the waiting ranks' collectives, locations and stacks.
 
-    `real_device=True` runs on the real hardware instead (`device="cuda"`: one GPU per
-    rank, NCCL), with nothing simulated.
+    `real_device=True` runs on the real hardware instead (`device="cuda"`: one GPU per rank, NCCL), with nothing
+    simulated.
 
-    `gpu` (with ``device="cuda"``) names the card each simulated GPU is ("H100", "L4",
-    "memory=24GiB,capability=8.9", see `accel.sim.cuda.gpus.cards`); default: ``ACCEL_SIM_GPU``,
-    else an H100. Its memory is what the ranks may allocate before out-of-memory.
-    `report_memory=True` has each rank print its GPUs' whole-run peak memory when `fn` returns, and
-    what made it up (by category, top modules; `accel.sim.memory_report()` inside `fn`); a path
-    (``.html`` or ``.svg``) also has each rank draw its memory over the step of the peak there.
-    `shapes_only=True`: the simulated GPUs hold shapes, not data (`accel.sim.cuda.gpus.shapes`):
-    whether a step fits on the card, and its peak memory, without computing it.
-    `only_ranks` (with `shapes_only`; "0,63", "0-3" or ints) runs only those ranks of the world, each
-    standing in for the ranks after it (`accel.sim.runtime.stand_in`); the values of those ranks, in order.
+    `gpu` (with ``device="cuda"``) names the card each simulated GPU is ("H100", "L4", "memory=24GiB,capability=8.9",
+    see `accel.sim.cuda.gpus.cards`); default: ``ACCEL_SIM_GPU``, else an H100. Its memory is what the ranks may
+    allocate before out-of-memory. `report_memory=True` has each rank print its GPUs' whole-run peak memory when `fn`
+    returns, and what made it up (by category, top modules; `accel.sim.memory_report()` inside `fn`); a path (``.html``
+    or ``.svg``) also has each rank draw its memory over the step of the peak there. `shapes_only=True`: the simulated
+    GPUs hold shapes, not data (`accel.sim.cuda.gpus.shapes`): whether a step fits on the card, and its peak memory,
+    without computing it. `only_ranks` (with `shapes_only`; "0,63", "0-3" or ints) runs only those ranks of the world,
+    each standing in for the ranks after it (`accel.sim.runtime.stand_in`); the values of those ranks, in order.
     """
     check_options(world_size, device, timeout, real_device)
-    stand_in = None
-    if only_ranks is not None:
-        from accel.sim.runtime import stand_in as stand_ins
+    stand_in = _stand_in_plan(world_size, only_ranks, shapes_only, faults)
+    payload = _payload(fn, args, kwargs, device, real_device, gpu, report_memory, shapes_only)
+    outcomes = _run_on_ranks(
+        payload, stand_in, world_size, device, timeout, isolated, real_device, check_collectives, faults
+    )
+    raise_for_failures(outcomes, world_size, device, timeout)
+    return [serialize.loads(o.value) if o.value is not None else None for o in outcomes]
 
-        stand_in = stand_ins.plan(world_size, only_ranks, shapes_only, faults)
+
+def _stand_in_plan(
+    world_size: int, only_ranks: str | Iterable[int] | None, shapes_only: bool, faults: Sequence[Any] | None
+) -> Any:
+    """Which ranks run, standing in for which others, when `only_ranks` asks for some only (else None)."""
+    if only_ranks is None:
+        return None
+    from accel.sim.runtime import stand_in as stand_ins
+
+    return stand_ins.plan(world_size, only_ranks, shapes_only, faults)
+
+
+def _payload(
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict[str, Any] | None,
+    device: str,
+    real_device: bool,
+    gpu: str | None,
+    report_memory: bool | str,
+    shapes_only: bool,
+) -> bytes:
+    """The call the ranks make, serialised: ``fn(*args, **kwargs)``, run by `on_gpu` when a card, a memory
+    report or shapes only are asked for (checked first: the card exists, the report's path can be written)."""
     if gpu is not None or shapes_only:
         check_gpu(gpu or "", device, real_device)
     if isinstance(report_memory, str):
@@ -283,13 +304,27 @@ def launch(
         options = GpuOptions(
             gpu, report_memory if isinstance(report_memory, str) else bool(report_memory), bool(shapes_only)
         )
-        fn, args, kwargs = on_gpu, (options, fn, *args), kwargs
-    payload = serialize.dumps_call(fn, args, kwargs or {})
+        fn, args = on_gpu, (options, fn, *args)
+    return serialize.dumps_call(fn, args, kwargs or {})
+
+
+def _run_on_ranks(
+    payload: bytes,
+    stand_in: Any,
+    world_size: int,
+    device: str,
+    timeout: float | None,
+    isolated: bool,
+    real_device: bool,
+    check_collectives: bool | None,
+    faults: Sequence[fault_specs.Fault | str] | None,
+) -> list[pools.RankOutcome]:
+    """Run the serialised call on the ranks `stand_in` plans, else on a warm pool of the whole world; the outcomes."""
     if stand_in is not None:
-        outcomes = stand_ins.run(payload, stand_in, device, timeout)
-        raise_for_failures(outcomes, world_size, device, timeout)
-        return [serialize.loads(o.value) if o.value is not None else None for o in outcomes]
-    outcomes = run_payload(
+        from accel.sim.runtime import stand_in as stand_ins
+
+        return stand_ins.run(payload, stand_in, device, timeout)
+    return run_payload(
         payload,
         world_size,
         device,
@@ -299,8 +334,6 @@ def launch(
         check_collectives=check_collectives,
         faults=faults,
     )
-    raise_for_failures(outcomes, world_size, device, timeout)
-    return [serialize.loads(o.value) if o.value is not None else None for o in outcomes]
 
 
 __all__ = [

@@ -262,14 +262,34 @@ class RankPool:
         """
         if not self.healthy:
             raise RuntimeError("this rank pool is not running; start a new one")
+        self._send_task(payload, check_collectives, faults)
+        deadline = time.monotonic() + timeout if timeout is not None else float("inf")
+        outcomes, stuck, stop_at = self._await_outcomes(deadline, grace)
+        left = [rank for rank in range(self.world_size) if rank not in outcomes]
+        if left:
+            self._stop_unanswered(left, outcomes, stuck, stop_at, deadline)
+        self.relay(final=True)  # before a kill: what the ranks printed last often explains it
+        if left or any(outcome.status in (Status.EXIT, Status.SIGNAL) for outcome in outcomes.values()):
+            self.kill()
+        return [outcomes[rank] for rank in range(self.world_size)]
+
+    def _send_task(self, payload: bytes, check_collectives: bool, faults: tuple) -> None:
+        """Send the next task to every rank, noting where each rank's stderr stood when it began."""
         self.tasks_run += 1
         task = RunTask(payload, os.getcwd(), list(sys.path), self.tasks_run, check_collectives, tuple(faults))
         message = pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)
         self._err_offsets = [self._output_size(rank, "err") for rank in range(self.world_size)]
         for conn in self._conns:
             conn.send_bytes(message)
+
+    def _await_outcomes(
+        self, deadline: float, grace: float
+    ) -> tuple[dict[int, RankOutcome], dict[int, dict[str, Any]], float | None]:
+        """The outcomes of the ranks that answered, relaying their output meanwhile; then the ranks
+        found stuck in a deadlock, and when the others were to be stopped after a first failure
+        (None: no rank failed). Waits until every rank answered, the deadline passed, the grace
+        after a failure ran out, or ranks are stuck."""
         outcomes: dict[int, RankOutcome] = {}
-        deadline = time.monotonic() + timeout if timeout is not None else float("inf")
         stop_at: float | None = None
         watch = deadlock.Watch(self.world_size, self._workdir, self.tasks_run)
         stuck: dict[int, dict[str, Any]] = {}
@@ -296,22 +316,28 @@ class RankPool:
                     outcomes[rank].seq = len(outcomes)
                     if outcomes[rank].status != Status.OK and stop_at is None:
                         stop_at = time.monotonic() + grace
-        left = [rank for rank in range(self.world_size) if rank not in outcomes]
-        if left:
-            if stuck:
-                kind = Status.DEADLOCK if stop_at is None else Status.STOPPED
-            else:
-                kind = Status.STOPPED if stop_at is not None and time.monotonic() < deadline else Status.TIMEOUT
-            dumped = self._dump_stacks(left)
-            for rank in left:
-                failure = RankFailure(rank, kind.value, stack=dumped[rank])
-                if rank in stuck:
-                    failure.waiting = deadlock.describe_wait(stuck[rank], dumped[rank])
-                outcomes[rank] = RankOutcome(rank, kind, failure=failure, seq=len(outcomes) + 1)
-        self.relay(final=True)  # before a kill: what the ranks printed last often explains it
-        if left or any(outcome.status in (Status.EXIT, Status.SIGNAL) for outcome in outcomes.values()):
-            self.kill()
-        return [outcomes[rank] for rank in range(self.world_size)]
+        return outcomes, stuck, stop_at
+
+    def _stop_unanswered(
+        self,
+        left: list[int],
+        outcomes: dict[int, RankOutcome],
+        stuck: dict[int, dict[str, Any]],
+        stop_at: float | None,
+        deadline: float,
+    ) -> None:
+        """Add the outcomes of the ranks `left` that never answered, each with its stack: deadlocked,
+        stopped (after another rank failed, or stuck beside a failure) or timed out."""
+        if stuck:
+            kind = Status.DEADLOCK if stop_at is None else Status.STOPPED
+        else:
+            kind = Status.STOPPED if stop_at is not None and time.monotonic() < deadline else Status.TIMEOUT
+        dumped = self._dump_stacks(left)
+        for rank in left:
+            failure = RankFailure(rank, kind.value, stack=dumped[rank])
+            if rank in stuck:
+                failure.waiting = deadlock.describe_wait(stuck[rank], dumped[rank])
+            outcomes[rank] = RankOutcome(rank, kind, failure=failure, seq=len(outcomes) + 1)
 
     def _collect(self, rank: int) -> RankOutcome:
         conn = self._conns[rank]
