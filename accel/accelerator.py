@@ -157,6 +157,22 @@ class Accelerator:
             even_batches=even_batches,
             use_seedable_sampler=use_seedable_sampler,
         )
+        self._setup_project(project_dir, project_config, log_with)
+        self._setup_state(mixed_precision, cpu, fsdp_plugin)
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+
+        self.gradient_state = GradientState(
+            gradient_accumulation_plugin=_accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
+        )
+        self._setup_mixed_precision()
+        self._start_bookkeeping()
+
+    def _setup_project(
+        self, project_dir: str | os.PathLike | None, project_config: ProjectConfiguration | None, log_with: Any
+    ) -> None:
+        """Where checkpoints and logs go, and the trackers `log_with` names (started by `init_trackers`)."""
         self.project_configuration = project_config if project_config is not None else ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(os.fspath(project_dir))
@@ -165,6 +181,9 @@ class Accelerator:
         self.log_with = filter_trackers(log_with, self.logging_dir)
         self.trackers: list[GeneralTracker] = []
 
+    def _setup_state(self, mixed_precision: str | None, cpu: bool, fsdp_plugin: Any) -> None:
+        """The shared process state (with the `InitProcessGroupKwargs` handler's settings), its hardware, and
+        how models are sharded."""
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         self.state = AcceleratorState(
             mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True, fsdp_plugin=fsdp_plugin, **init_kwargs
@@ -174,15 +193,9 @@ class Accelerator:
 
         # FSDP2 when the state runs DistributedType.FSDP (accel.fsdp); None: replicated data parallelism
         self._sharding = strategy_for(self.state)
-        self.device_placement = device_placement
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
 
-        self.gradient_state = GradientState(
-            gradient_accumulation_plugin=_accumulation_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
-        )
-        self._setup_mixed_precision()
-
+    def _start_bookkeeping(self) -> None:
+        """Nothing prepared, registered or stepped yet: the counters, lists and hook registries the methods fill."""
         self.step = 0  # batches since the last gradient synchronisation (see accumulate)
         self.flag_tensor: torch.Tensor | None = None
         self._models: list[torch.nn.Module] = []
@@ -920,41 +933,14 @@ class Accelerator:
                 f"save_state got {sorted(save_model_func_kwargs)}: extra model-saving arguments are for DeepSpeed's "
                 "save_checkpoint, which accel does not run"
             )
-        config = self.project_configuration
-        if config.automatic_checkpoint_naming:
-            if config.project_dir is None:
-                raise ValueError("automatic_checkpoint_naming needs a project_dir (Accelerator(project_dir=...))")
-            output_dir = checkpointing.automatic_checkpoint_dir(config.project_dir, config.iteration)
-            if os.path.exists(output_dir):
-                raise ValueError(
-                    f"checkpoint folder {output_dir} already exists; set ProjectConfiguration(iteration=...) past it "
-                    "or load_state() it first"
-                )
-        elif output_dir is None:
-            raise ValueError("save_state() needs output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
-        output_dir = os.fspath(output_dir)
-        # Everyone has checked the folder before the main process creates it.
-        self.wait_for_everyone()
-        if self._writes_shared_files():
-            if config.automatic_checkpoint_naming and config.project_dir is not None:
-                checkpointing.prune_checkpoints(config.project_dir, config.total_limit)
-            os.makedirs(output_dir, exist_ok=True)
-        self.wait_for_everyone()
-        os.makedirs(output_dir, exist_ok=True)  # a machine without the shared filesystem
+        output_dir = self._checkpoint_dir(output_dir)
+        self._create_checkpoint_dir(output_dir)
         self._hardware.mark_step()
-        # The user's models and their bare state dicts (no `module.` prefix), as Accelerate keeps
-        # and saves them; the hooks may remove weights they save their own way.
-        models = [self.unwrap_model(m) for m in self._models]
-        optimizers: list[AcceleratedOptimizer] = self._optimizers
-        if self._sharding is not None:
-            # FSDP2: models and optimizers in Accelerate's FSDP layout; the hooks see no weights (as there)
-            self._sharding.save_models(self, output_dir, self._models, self._optimizers)
-            weights: list[dict[str, Any]] = []
-            optimizers = []
-        else:
-            weights = [m.state_dict() for m in models]
+        models, weights, optimizers = self._models_to_save(output_dir)
+        # the hooks may remove weights they save their own way
         for hook in self._save_model_state_pre_hook.values():
             hook(models, weights, output_dir)
+        config = self.project_configuration
         checkpointing.save_checkpoint(
             output_dir,
             model_states=weights,
@@ -971,6 +957,54 @@ class Accelerator:
         config.iteration += 1
         self.wait_for_everyone()
         return output_dir
+
+    def _checkpoint_dir(self, output_dir: str | os.PathLike | None) -> str:
+        """The folder `save_state` writes: the next `checkpoint_<n>` with automatic naming (which must not exist
+        yet), else `output_dir`."""
+        from accel import checkpointing
+
+        config = self.project_configuration
+        if config.automatic_checkpoint_naming:
+            if config.project_dir is None:
+                raise ValueError("automatic_checkpoint_naming needs a project_dir (Accelerator(project_dir=...))")
+            output_dir = checkpointing.automatic_checkpoint_dir(config.project_dir, config.iteration)
+            if os.path.exists(output_dir):
+                raise ValueError(
+                    f"checkpoint folder {output_dir} already exists; set ProjectConfiguration(iteration=...) past it "
+                    "or load_state() it first"
+                )
+        elif output_dir is None:
+            raise ValueError("save_state() needs output_dir, or ProjectConfiguration(automatic_checkpoint_naming=True)")
+        return os.fspath(output_dir)
+
+    def _create_checkpoint_dir(self, output_dir: str) -> None:
+        """Create `output_dir` on every machine, after the oldest numbered checkpoints past `total_limit` are gone."""
+        from accel import checkpointing
+
+        config = self.project_configuration
+        # Everyone has checked the folder before the main process creates it.
+        self.wait_for_everyone()
+        if self._writes_shared_files():
+            if config.automatic_checkpoint_naming and config.project_dir is not None:
+                checkpointing.prune_checkpoints(config.project_dir, config.total_limit)
+            os.makedirs(output_dir, exist_ok=True)
+        self.wait_for_everyone()
+        os.makedirs(output_dir, exist_ok=True)  # a machine without the shared filesystem
+
+    def _models_to_save(
+        self, output_dir: str
+    ) -> tuple[list[torch.nn.Module], list[dict[str, Any]], list[AcceleratedOptimizer]]:
+        """The user's models, the weights and the optimizers `save_checkpoint` writes for them.
+
+        The weights are bare state dicts (no `module.` prefix), as Accelerate keeps and saves them.
+        Under FSDP2 the strategy writes the models and optimizers itself, right away, and none are left for it.
+        """
+        models = [self.unwrap_model(m) for m in self._models]
+        if self._sharding is not None:
+            # FSDP2: models and optimizers in Accelerate's FSDP layout; the hooks see no weights (as there)
+            self._sharding.save_models(self, output_dir, self._models, self._optimizers)
+            return models, [], []
+        return models, [m.state_dict() for m in models], self._optimizers
 
     def load_state(
         self, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None, **load_model_func_kwargs: Any
