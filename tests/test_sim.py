@@ -470,3 +470,24 @@ def make_a_group_and_count_descriptors():
 def test_groups_a_launch_created_are_gone_before_the_next():
     counts = [launch(make_a_group_and_count_descriptors, world_size=3)[0] for _ in range(6)]
     assert counts[-1] == counts[1]  # without the clean-up: a few more sockets every launch
+
+
+def test_a_function_of_a_main_without_file_reaches_the_ranks_also_when_wrapped(tmp_path):
+    # A notebook cell's function lives in a __main__ the ranks cannot import; with a card, a memory
+    # report or shapes only, the launcher wraps it and it travels as an argument: still sent by value.
+    import subprocess
+    import sys
+
+    code = (
+        "import accel.sim\n"
+        "def cell(scale):\n"
+        "    import torch\n"
+        "    return torch.cuda.get_device_name(), float(torch.ones(2, device='cuda').sum()) * scale\n"
+        "print(accel.sim.launch(cell, args=(3,), world_size=2, device='cuda', gpu='L4'))\n"
+        "print(accel.sim.launch(cell, args=(5,), world_size=2, device='cuda'))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    wrapped, plain = done.stdout.strip().splitlines()[-2:]
+    assert wrapped.count("L4") == 2 and wrapped.count("6.0") == 2, wrapped
+    assert plain.count("10.0") == 2, plain

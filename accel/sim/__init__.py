@@ -19,9 +19,9 @@ Subpackages, one concern each (a new kind of simulated device is one new subpack
   outside the simulator).
 * `core`: what every simulated device shares: the wrapper tensor, device rules, the hidden
   device, autocast, the carried collectives and `torch_internals` (every private torch API).
-* `cuda`: the simulated GPU (`fake` installs it: `tensor`, `kernels`, `memory`, `blas`,
-  `properties`, `gpu_models`, `nccl_group`, ...); `xla`: the simulated TPU (`device`,
-  `bridge`, and the stand-in `torch_xla` in `xla/stub`).
+* `cuda`: the simulated GPU, in rooms (`gpus`, `memory`, `tensors`, `kernels`, `attention`,
+  `nccl`, `torch_cuda`, `timing`; its `__init__` maps them; `fake` installs it in a rank);
+  `xla`: the simulated TPU (`device`, `bridge`, and the stand-in `torch_xla` in `xla/stub`).
 
 `devices` installs the simulated device a rank asks for (`device_names` lists them).
 
@@ -29,7 +29,7 @@ Environment knobs: `ACCEL_SIM_START_TIMEOUT` (seconds a pool may take to start,
 default 120), `ACCEL_SIM_MAX_WARM_RANKS` (idle warm ranks kept per process, default 32),
 `ACCEL_SIM_CHECK_COLLECTIVES` (0 turns the collective check off), `ACCEL_SIM_CHECK_TIMEOUT`
 (seconds a rank waits for its peers in the check, default 1800), `ACCEL_SIM_GPU` (the card
-each simulated GPU is, `gpu_models`), `ACCEL_SIM_GPU_MEMORY` (0 turns GPU memory counting off).
+each simulated GPU is, `cuda.gpus.cards`), `ACCEL_SIM_GPU_MEMORY` (0 turns GPU memory counting off).
 """
 
 from typing import TYPE_CHECKING

@@ -18,14 +18,13 @@ simulated GPUs, the current one being `LOCAL_RANK`.
   return at once, which gives the same results a GPU gives.
 * `SimCUDABackend` is the real `CUDABackend` (DDP with `device_ids`, autocast and
   GradScaler on "cuda", the RNG calls); its "nccl" process group hands Gloo the CPU
-  data under the CUDA tensors (`nccl_group`; `cuda_group` serves mixed CPU/CUDA groups).
+  data under the CUDA tensors (`nccl.process_group`; `nccl.mixed_group` serves mixed CPU/CUDA groups).
 * `torch.compile` traces with Dynamo and runs the graphs eagerly (`accel.sim.core.compile`).
 * Parameters keep their identity when they move (`accel.sim.core.moves`).
 * NVTX and the CUDA profiler answer as with no tool attached (`profiler`); JIT-built CUDA
   extensions get stand-ins in torch ops or are refused at once (`extensions`).
 
-What cannot be simulated raises `SimulatedDeviceError` naming it (see the README's
-simulator section).
+What cannot be simulated raises `SimulatedDeviceError` naming it (see docs/simulated-gpus.md).
 """
 
 from __future__ import annotations

@@ -50,5 +50,8 @@ def loads(data: bytes) -> Any:
 
 
 def dumps_call(fn: Any, args: tuple, kwargs: dict) -> bytes:
-    """Serialise a call ``fn(*args, **kwargs)``, sending `fn` by value where a reference would not resolve."""
-    return dumps((fn, tuple(args), dict(kwargs)), by_value=_defined_in_main(fn))
+    """Serialise a call ``fn(*args, **kwargs)``, sending by value what a rank could not find by reference:
+    `fn`, or an argument, defined in ``__main__`` (a notebook cell's function, also when the launcher wraps
+    it and passes it on as an argument)."""
+    parts = (fn, *args, *kwargs.values())
+    return dumps((fn, tuple(args), dict(kwargs)), by_value=any(_defined_in_main(part) for part in parts))

@@ -39,7 +39,7 @@ alone would differ, and refuses what NCCL refuses, with NCCL's words:
   detected" when the communicator is set up, on every rank.
 
 Collectives (point-to-point transfers aside) finish before they return (the simulator has
-no asynchrony, see README): their work objects are already completed. Numerics are Gloo's
+no asynchrony, see docs/simulated-gpus.md): their work objects are already completed. Numerics are Gloo's
 summation order on the CPU, not NCCL's ring on a GPU.
 
 The torch name of this backend is `BACKEND` ("sim_nccl": torch's "nccl" branch wants the
