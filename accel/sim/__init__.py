@@ -75,6 +75,7 @@ def peak_memory(device: object = None) -> "PeakMemory":
     `.capacity` the card's memory: ``assert accel.sim.peak_memory().reserved < 40 * 2**30``.
     """
     from accel.sim.cuda.torch_cuda import properties as cuda_properties
+
     return cuda_properties.peak_memory(device)
 
 
@@ -89,6 +90,7 @@ def memory_report(device: object = None) -> "MemoryReport":
     `.at_out_of_memory` the breakdown at the last out-of-memory: ``accel.sim.memory_report().at_peak["activations"]``.
     """
     from accel.sim.cuda.torch_cuda import properties as cuda_properties
+
     return cuda_properties.memory_report(device)
 
 

@@ -205,6 +205,7 @@ def _set_up(config: dict[str, Any], conn: Any) -> CleanSlate:
     reset_device = _prepare_device(device, config["real_device"])
     if config.get("stand_in") is not None:
         from accel.sim.cuda.nccl import stand_in
+
         stand_in.install(config["stand_in"]["description"])  # before the default group is made
     from accel.state import PartialState, reset_state
 
