@@ -243,3 +243,16 @@ def test_data_parallel_copies_still_go_through_the_c_entry_points_simulated_gpus
             "GPUs serve for nn.DataParallel (accel/sim/cuda/nccl/parallel_copies.py): adapt torch_internals"
         )
     assert "nccl.is_available(" in source  # replaced by False in simulated ranks: copies, not NCCL
+
+
+def test_torchs_python_still_calls_the_cuda_entry_points_simulated_gpus_serve():
+    import pathlib
+
+    root = pathlib.Path(torch.__file__).parent
+    for name, where in torch_internals.CUDA_ENTRY_POINTS.items():
+        assert f"torch._C.{name}(" in (root / where).read_text(), (
+            f"torch {torch.__version__}'s {where} no longer calls torch._C.{name}, which simulated GPUs serve "
+            "(accel/sim/cuda/torch_cuda/entry_points.py): adapt torch_internals.CUDA_ENTRY_POINTS"
+        )
+    with pytest.raises(ValueError, match="_cuda_unknown"):
+        torch_internals.serve_cuda_entry_points({"_cuda_unknown": print})

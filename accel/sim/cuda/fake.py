@@ -64,6 +64,7 @@ from accel.sim.cuda.tensors import cuda_tensor, sync_debug
 from accel.sim.cuda.tensors import factories as cuda_kernels
 from accel.sim.cuda.torch_cuda import accelerator as cuda_accelerator
 from accel.sim.cuda.torch_cuda import determinism
+from accel.sim.cuda.torch_cuda import entry_points as cuda_entry_points
 from accel.sim.cuda.torch_cuda import extensions as cuda_extensions
 from accel.sim.cuda.torch_cuda import profiler as cuda_profiler
 from accel.sim.cuda.torch_cuda import properties as cuda_properties
@@ -237,7 +238,9 @@ class _HiddenDeviceModule:
 
     @staticmethod
     def is_available() -> bool:
-        return True
+        # what a GPU host has is CUDA: torch's test suites make a test class for each device type whose
+        # module says it is available (`instantiate_device_type_tests`), and must not make one for this
+        return False
 
     @staticmethod
     def is_initialized() -> bool:
@@ -384,6 +387,7 @@ def _register_torch_functions() -> None:
     torch.Generator = generators.generator_type(lambda device: cuda_state.gpus().resolve(device))  # type: ignore[misc, assignment]  # simulated ranks only
     torch.Tensor.record_stream = _record_stream(torch.Tensor.record_stream)  # type: ignore[method-assign]  # patched in simulated ranks only
     cuda_accelerator.install()
+    cuda_entry_points.install()  # torch._C's CUDA entry points torch's Python calls directly
     cuda_profiler.install()  # NVTX, cudart's profiler calls: as with no profiling tool attached
     cuda_extensions.install()  # JIT-built CUDA extensions: stand-ins in torch ops, or refused at once
     torch.version.cuda = CUDA_VERSION  # a CPU build says None
