@@ -67,7 +67,7 @@ def test_a_suite_on_pytorchs_test_bases_passes_under_the_variable(pytester, suit
     monkeypatch.setenv("ACCEL_SIMULATE", "cuda:2")
     result = pytester.runpytest_subprocess(*NO_HYPOTHESIS, "-rs", timeout=400)
     assert result.ret == 0, outcome(result)
-    result.assert_outcomes(passed=3, skipped=0)
+    result.assert_outcomes(passed=4, skipped=0)
 
 
 @pytest.mark.frameworks
@@ -75,7 +75,7 @@ def test_a_suite_on_pytorchs_test_bases_passes_under_pytest_simulate(pytester, s
     suite("torch_bases")
     result = pytester.runpytest_subprocess(*NO_HYPOTHESIS, "--simulate", "cuda:2", "-rs", timeout=400)
     assert result.ret == 0, outcome(result)
-    result.assert_outcomes(passed=3, skipped=0)
+    result.assert_outcomes(passed=4, skipped=0)
 
 
 @pytest.mark.frameworks
@@ -84,7 +84,7 @@ def test_the_same_suite_skips_without_a_simulated_node(pytester, suite):
     suite("torch_bases")
     result = pytester.runpytest_subprocess(*NO_HYPOTHESIS, "-rs", timeout=400)
     assert result.ret == 0, outcome(result)
-    result.assert_outcomes(passed=0, skipped=3)
+    result.assert_outcomes(passed=0, skipped=4)
 
 
 SESSION = """

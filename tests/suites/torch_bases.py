@@ -1,16 +1,23 @@
 """A GPU test file written on PyTorch's own test bases, as PyTorch's, torchtitan's and many
 libraries' distributed tests are: `MultiProcessTestCase` (a FileStore group), `FSDPTest`
-(`fully_shard`), `DTensorTestBase` (`with_comms`), each gated by `skip_if_lt_x_gpu(2)`.
+(`fully_shard`), `DTensorTestBase` (`with_comms`), each gated by `skip_if_lt_x_gpu(2)`, and
+`MultiThreadedTestCase` (ranks that are threads of one process, torch's "threaded" group).
 
 Not collected by the project's suite (its name has no `test_` prefix):
 tests/test_sim_node_suites.py runs it with pytest as `test_torch_bases.py`, on a simulated
 node (where nothing may skip) and without one (where every test must skip).
 """
 
+import unittest
+
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
-from torch.testing._internal.common_distributed import MultiProcessTestCase, skip_if_lt_x_gpu
+from torch.testing._internal.common_distributed import (
+    MultiProcessTestCase,
+    MultiThreadedTestCase,
+    skip_if_lt_x_gpu,
+)
 from torch.testing._internal.common_fsdp import FSDPTest
 from torch.testing._internal.common_utils import run_tests
 from torch.testing._internal.distributed._tensor.common_dtensor import DTensorTestBase, with_comms
@@ -75,6 +82,24 @@ class DTensorTest(DTensorTestBase):
         sharded = distribute_tensor(tensor, mesh, [Shard(0)])
         self.assertEqual(sharded.to_local(), tensor[4 * self.rank : 4 * self.rank + 4])
         self.assertEqual(sharded.full_tensor(), tensor)
+
+
+class ThreadedAllReduceTest(MultiThreadedTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_threads()
+
+    @unittest.skipIf(torch.cuda.device_count() < 2, "needs 2 GPUs")
+    def test_all_reduce_on_threads(self):
+        rank = dist.get_rank()  # each thread is a rank of its own
+        tensor = torch.ones(4, device=f"cuda:{rank}") * (rank + 1)
+        dist.all_reduce(tensor)
+        self.assertEqual(tensor.cpu(), torch.full((4,), 3.0))
+        self.assertEqual(tensor.device, torch.device("cuda", rank))
 
 
 if __name__ == "__main__":

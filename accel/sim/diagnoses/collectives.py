@@ -310,8 +310,9 @@ class _Watch:
 
     def call(self, name: str, index: dict[str, int], original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         group = _argument("group", index, args, kwargs)
-        if group is c10d.GroupMember.NON_GROUP_MEMBER:
-            return original(*args, **kwargs)  # torch does nothing on a rank outside the group
+        if group is c10d.GroupMember.NON_GROUP_MEMBER or _of_threads(group):
+            # torch does nothing on a rank outside the group; a group of threads is no business of this watch
+            return original(*args, **kwargs)
         self.calls += 1
         if name in POINT_TO_POINT:
             peer = _argument(POINT_TO_POINT[name], index, args, kwargs)
@@ -543,6 +544,20 @@ def _argument(name: str, index: dict[str, int], args: tuple, kwargs: dict) -> An
         return kwargs[name]
     position = index.get(name)
     return args[position] if position is not None and position < len(args) else None
+
+
+#: the backend of torch's process group whose ranks are threads of one process (torch.testing's
+#: `MultiThreadedTestCase`, FSDP2's `FSDPTestMultiThread`): its ranks share this process, and so this watch,
+#: which speaks for one rank per process and cannot tell them apart (each would wait for the other as rank 0)
+THREADED_BACKEND = "threaded"
+
+
+def _of_threads(group: Any) -> bool:
+    """Whether `group` (None: the default group) is a group of threads (`THREADED_BACKEND`)."""
+    try:
+        return dist.get_backend(group) == THREADED_BACKEND
+    except (RuntimeError, ValueError):  # not initialised, or a group this rank is not in: not threads
+        return False
 
 
 def _group_of(group: Any) -> tuple[list[int], str]:
