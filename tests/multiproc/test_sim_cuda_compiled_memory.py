@@ -202,7 +202,7 @@ def _gpt2_step(compiled):
 
 
 @pytest.mark.frameworks
-@distributed_test(world_size=[2], device="cuda")
+@distributed_test(world_size=[2], device="cuda", timeout=240)  # a GPT-2 step, eager and compiled, on host cores
 def test_a_compiled_transformers_gpt2_holds_less_than_eager_as_on_the_card(rank):
     # the whole model and its loss in compiled regions (HF's `labels.to(logits.device)` is the simulator's move)
     eager_held, eager_peak, eager_loss = _gpt2_step(compiled=False)

@@ -511,3 +511,26 @@ def test_fsdp2_on_dp_by_tensor_parallel_on_tp(rank):
             o.step()
             o.zero_grad()
     _check_weights(model, reference)
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_async_redistribute_and_functional_collectives_give_collective_tensors_to_wait_on(rank, world_size):
+    # As on a GPU: a functional collective's result is an AsyncCollectiveTensor (waited on at first use), so
+    # `redistribute(async_op=True)` leaves one as the DTensor's local tensor; its values are the collective's.
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+
+    _, device = _setup(rank)
+    mesh = init_device_mesh("cuda", (world_size,))
+    whole = torch.arange(4.0 * world_size, device=device)
+    sharded = distribute_tensor(whole, mesh, [Shard(0)])
+    gathered = sharded.redistribute(mesh, [Replicate()], async_op=True)
+    assert isinstance(gathered._local_tensor, funcol.AsyncCollectiveTensor)
+    assert torch.equal(gathered.to_local().cpu(), whole.cpu())
+    assert gathered.to_local().device == device
+    reduced = funcol.all_reduce(torch.full((3,), float(rank + 1), device=device), "sum", mesh)
+    assert isinstance(reduced, funcol.AsyncCollectiveTensor)
+    waited = funcol.wait_tensor(reduced)
+    assert waited.device == device and waited.tolist() == [world_size * (world_size + 1) / 2] * 3
+    synced = sharded.redistribute(mesh, [Replicate()])  # the default: waited on before it returns
+    assert not isinstance(synced._local_tensor, funcol.AsyncCollectiveTensor)

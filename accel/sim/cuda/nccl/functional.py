@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives  # defines _c10d_functional._wrap_tensor_autograd
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 from accel.sim.core import torch_internals
 from accel.sim.cuda.memory import report as memory_report
@@ -124,9 +125,10 @@ def handlers() -> dict[Any, Callable[[tuple, dict], Any]]:
         functional.broadcast.default: lambda a, k: _broadcast_(_copy(a[0]), a[1], a[2]),
         functional.broadcast_.default: lambda a, k: _broadcast_(a[0], a[1], a[2]),
         functional.wait_tensor.default: lambda a, k: a[0],  # finished when issued
-        # funcol wraps each result for a later wait: run on the inner CPU tensor, that wrapper
-        # (a tensor without storage) would become the data of the simulated CUDA tensor
-        functional._wrap_tensor_autograd.default: lambda a, k: torch.ops.aten.alias.default(a[0]),
+        # funcol wraps each result for a later wait, as on a GPU (`redistribute(async_op=True)` gives one); made
+        # around the simulated CUDA tensor itself: made on the inner CPU tensor, that wrapper (a tensor without
+        # storage) would become the data of the simulated CUDA tensor
+        functional._wrap_tensor_autograd.default: lambda a, k: AsyncCollectiveTensor(a[0]),
         functional.isend.default: _refused("isend"),
         functional.irecv.default: _refused("irecv"),
         functional.batch_p2p_ops.default: _refused("batch_p2p_ops"),
