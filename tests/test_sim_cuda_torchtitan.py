@@ -303,7 +303,12 @@ def test_compile_on_two_gpus_trains_as_one_gpu(train, workspace, reference, para
     ranks = train(2, *flags, "--compile.enable")
     assert_ranks_agree(ranks)
     assert_trains_as(ranks[0], reference)
-    assert [record["graphs"] for record in ranks] == [2, 2]  # one TransformerBlock graph (all 6 share it), the loss's
+    # one TransformerBlock graph (all 6 share it) and the loss's; with tensor parallelism, the first block's input
+    # is the embedding's reduce-scatter, an AsyncCollectiveTensor as on a GPU, and Dynamo compiles the block again
+    # for the next block's plain tensor (pytorch/pytorch#187073): torch 2.13 guards on the class, 2.14 unwraps
+    # it but guards on the wrapped tensor's requires_grad (False under the collective's autograd node)
+    extra = parallelism == "tensor_parallel"
+    assert [record["graphs"] for record in ranks] == [2 + extra] * 2
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
