@@ -465,7 +465,8 @@ def test_flex_attention_without_a_block_mask_gives_sdpa_and_the_written_out_atte
             got = results_of(attend(q, k, v) if score_mod is None else attend(q, k, v, score_mod=score_mod))
             assert len(got) == len(expected)
             for found, wanted in zip(got, expected, strict=True):
-                close(found, wanted, rtol=1e-4, atol=1e-5)
+                # float32 sums in other orders: gradients of outputs squared reach 3e-4 apart, relatively
+                close(found, wanted, rtol=1e-3, atol=1e-4)
 
 
 @distributed_test(world_size=[2], device="cuda")

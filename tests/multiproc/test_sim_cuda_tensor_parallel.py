@@ -534,3 +534,22 @@ def test_async_redistribute_and_functional_collectives_give_collective_tensors_t
     assert waited.device == device and waited.tolist() == [world_size * (world_size + 1) / 2] * 3
     synced = sharded.redistribute(mesh, [Replicate()])  # the default: waited on before it returns
     assert not isinstance(synced._local_tensor, funcol.AsyncCollectiveTensor)
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_complex_partial_reduce_scatters_as_pairs_of_reals(rank, world_size):
+    """NCCL has no complex type: c10d reduces complex numbers as pairs of reals, for the ops that allow it."""
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.placement_types import Partial
+
+    mesh = init_device_mesh("cuda", (world_size,))
+    local = torch.full((2 * world_size, 3), complex(rank, 1), dtype=torch.complex64, device="cuda")
+    partial = DTensor.from_local(local, mesh, [Partial()])
+    sharded = partial.redistribute(mesh, [Shard(0)]).to_local()
+    expected = complex(sum(range(world_size)), world_size)
+    assert sharded.dtype == torch.complex64 and sharded.shape == (2, 3)
+    assert torch.equal(sharded.cpu(), torch.full((2, 3), expected, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="does not support .*MAX.* on complex tensors"):
+        funcol.reduce_scatter_tensor(local, "max", 0, mesh)

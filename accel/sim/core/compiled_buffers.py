@@ -86,8 +86,8 @@ class Runtime:
     align: Callable[[list, dict], tuple[list, dict]] = lambda args, kwargs: (args, kwargs)
     #: where a tensor made by a factory op in the graph goes on the host, given its bytes
     factory_device: Callable[[int], torch.device] = lambda nbytes: torch.device("cpu")
-    #: the generator random ops of device `index` draw from
-    generator: Callable[[int], torch.Generator] | None = None
+    #: `draw(op, args, kwargs, index)`: run random op `op` on device `index`'s generator, as its eager ops do
+    draw: Callable[[Any, list, dict, int], Any] | None = None
     #: a host tensor shown on simulated device `index` (storage shared): how factories naming it are traced
     adopt: Callable[[torch.Tensor, int], torch.Tensor] | None = None
     #: whether an op runs as the simulated device runs it (its kernels: attention, matmuls with their
@@ -323,8 +323,8 @@ class _Runner(fx.Interpreter):
             kwargs = self._placed(args, kwargs)
             if self.runtime.on_device is not None and self.runtime.runs_on_device(target):
                 return self.runtime.on_device(target, args, kwargs, self.index)
-            if torch.Tag.nondeterministic_seeded in target.tags and self.runtime.generator is not None:
-                return _drawing_from(self.runtime.generator(self.index), target, args, kwargs)
+            if torch.Tag.nondeterministic_seeded in target.tags and self.runtime.draw is not None:
+                return self.runtime.draw(target, args, kwargs, self.index)
         return super().call_function(target, tuple(args), kwargs)
 
     def _placed(self, args: list, kwargs: dict) -> dict:
@@ -345,14 +345,3 @@ class _Runner(fx.Interpreter):
             for value in tensors_in(result):
                 self.runtime.count(value, self.index)
         return result
-
-
-def _drawing_from(generator: torch.Generator, op: Any, args: Any, kwargs: dict) -> Any:
-    """Random op `op` drawing from the simulated device's generator, as the device's eager ops do."""
-    saved = torch.get_rng_state()
-    torch.set_rng_state(generator.get_state())
-    try:
-        return op(*args, **kwargs)
-    finally:
-        generator.set_state(torch.get_rng_state())
-        torch.set_rng_state(saved)

@@ -1018,53 +1018,6 @@ def propagate_dtensor_meta_on(hidden: str) -> None:
     after_import("torch.distributed.tensor._op_schema", patch)
 
 
-def seed_dtensor_shards_from_cpu_generators() -> None:
-    """DTensor's random ops on simulated GPUs: each shard draws from a seed of its own, the ranks stay in step.
-
-    On a GPU, DTensor's `OffsetBasedRNGTracker` reads the generator's state as Philox's
-    (seed, offset): each shard draws at the offset of its place in the whole tensor, and
-    afterwards every rank moves its offset past the whole tensor. A simulated GPU's
-    generator is a CPU one (Mersenne Twister: 5056 bytes of state, no offset), so the
-    same tracker asserts. This one keeps its contract: a seed is drawn from the state the
-    ranks share; each shard draws from that seed plus its offset (replicas draw alike,
-    shards differ), and then every rank's generator is seeded with that seed plus the
-    whole tensor's size, the same on every rank.
-    """
-    import contextlib
-
-    def patch(random: Any) -> None:
-        tracker: Any = random.OffsetBasedRNGTracker
-
-        class CpuGeneratorRNGTracker(tracker):
-            @contextlib.contextmanager
-            def _distribute_region(self, spec: Any, generator: torch.Generator | None = None) -> Any:
-                if not self.distribute_region_enabled:
-                    yield
-                    return
-                device = self._device
-                state = generator.get_state() if generator is not None else torch.cuda.get_rng_state(device)
-                base = int(torch.randint(2**62, (), generator=torch.Generator().set_state(state)))
-                start, end = self._compute_rng_offsets(spec)
-
-                def seed(offset: int) -> None:
-                    new = torch.Generator().manual_seed(base + int(offset)).get_state()
-                    if generator is not None:
-                        generator.set_state(new)
-                    else:
-                        torch.cuda.set_rng_state(new, device)
-
-                seed(start)
-                try:
-                    yield
-                finally:
-                    seed(end)
-
-        CpuGeneratorRNGTracker.__name__ = CpuGeneratorRNGTracker.__qualname__ = tracker.__name__
-        random.OffsetBasedRNGTracker = CpuGeneratorRNGTracker
-
-    after_import("torch.distributed.tensor._random", patch)
-
-
 def show_fsdp1_devices_as(hidden: str, shown: Callable[[int], torch.device]) -> None:
     """FSDP1 (`FullyShardedDataParallel`) computes on `shown(k)` where it would build the hidden device.
 

@@ -454,13 +454,15 @@ def _one_device(cls: type[WrapperTensor], args: tuple, kwargs: dict) -> torch.de
 @contextlib.contextmanager
 def on_generator(generator: torch.Generator) -> Iterator[None]:
     """Random ops in the block draw from `generator` (a CPU one), not torch's default CPU generator."""
+    # the host generators' own states (torch._C.Generator's): a simulated GPU's shows Python another one
+    host_state, set_host_state = torch._C.Generator.get_state, torch._C.Generator.set_state
     cpu = torch.default_generator
     saved = cpu.get_state()
-    cpu.set_state(generator.get_state())
+    cpu.set_state(host_state(generator))
     try:
         yield
     finally:
-        generator.set_state(cpu.get_state())
+        set_host_state(generator, cpu.get_state())
         cpu.set_state(saved)
 
 

@@ -144,7 +144,7 @@ def _manual_seed_all(seed: int) -> None:
 
 def _set_rng_state_all(states: list[torch.Tensor]) -> None:
     for generator, state in zip(cuda_state.gpus().generators, states, strict=False):
-        generator.set_state(state.clone())
+        generator.set_state(state)
 
 
 class _device(contextlib.ContextDecorator):
@@ -215,7 +215,9 @@ def _patches() -> dict[str, Any]:
         "set_sync_debug_mode": sync_debug.set_sync_debug_mode,
         "get_sync_debug_mode": sync_debug.get_sync_debug_mode,
         "get_rng_state": lambda device="cuda": _generator(device).get_state(),
-        "set_rng_state": lambda new_state, device="cuda": _generator(device).set_state(new_state.clone()),
+        # the generator copies the state at once (torch clones it only to queue the call until CUDA starts): no
+        # tensor op here, which a FakeTensorMode around the call (DTensor's sharding propagation) would refuse
+        "set_rng_state": lambda new_state, device="cuda": _generator(device).set_state(new_state),
         "get_rng_state_all": lambda: [g.get_state() for g in gpus().generators],
         "set_rng_state_all": _set_rng_state_all,
         "manual_seed": lambda seed: _generator().manual_seed(int(seed)),
@@ -350,7 +352,6 @@ def _register_device() -> None:
     torch_internals.build_wrapper_subclasses_on(cuda_state.HIDDEN_DEVICE, "cuda")
     torch_internals.on_storage_resize(cuda_memory.resize)
     torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
-    torch_internals.seed_dtensor_shards_from_cpu_generators()
     torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, _gpu)
     cuda_group.register()
     torch_internals.record_no_flights_of(carried.PythonGroup)  # the simulated NCCL groups are Python's
@@ -477,7 +478,7 @@ def _compiled_buffers_runtime() -> compiled_buffers.Runtime:
         count=cuda_memory.track,
         align=lambda args, kwargs: cuda_shapes.align(args, kwargs, {}),
         factory_device=lambda nbytes: torch.device("cpu" if cuda_shapes.keeps_data(nbytes) else "meta"),
-        generator=lambda index: cuda_state.gpus().generators[index],
+        draw=lambda op, args, kwargs, index: cuda_tensor.SIM.draw(index, op, args, kwargs),
         adopt=cuda_tensor.wrap,
         runs_on_device=_runs_on_device,
         on_device=_on_simulated_gpu,

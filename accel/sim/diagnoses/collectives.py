@@ -310,8 +310,9 @@ class _Watch:
 
     def call(self, name: str, index: dict[str, int], original: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         group = _argument("group", index, args, kwargs)
-        if group is c10d.GroupMember.NON_GROUP_MEMBER or _of_threads(group):
-            # torch does nothing on a rank outside the group; a group of threads is no business of this watch
+        if group is c10d.GroupMember.NON_GROUP_MEMBER or _in_one_process(group):
+            # torch does nothing on a rank outside the group; a group of threads, or torch's "fake" group
+            # (one process standing for all its ranks), is no business of this watch
             return original(*args, **kwargs)
         self.calls += 1
         if name in POINT_TO_POINT:
@@ -550,12 +551,14 @@ def _argument(name: str, index: dict[str, int], args: tuple, kwargs: dict) -> An
 #: `MultiThreadedTestCase`, FSDP2's `FSDPTestMultiThread`): its ranks share this process, and so this watch,
 #: which speaks for one rank per process and cannot tell them apart (each would wait for the other as rank 0)
 THREADED_BACKEND = "threaded"
+#: groups whose ranks all live in one process: threads, or torch's "fake" group (LocalTensor tests, tracing)
+IN_ONE_PROCESS = (THREADED_BACKEND, "fake")
 
 
-def _of_threads(group: Any) -> bool:
-    """Whether `group` (None: the default group) is a group of threads (`THREADED_BACKEND`)."""
+def _in_one_process(group: Any) -> bool:
+    """Whether `group` (None: the default group) has all its ranks in this process (`IN_ONE_PROCESS`)."""
     try:
-        return dist.get_backend(group) == THREADED_BACKEND
+        return dist.get_backend(group) in IN_ONE_PROCESS
     except (RuntimeError, ValueError):  # not initialised, or a group this rank is not in: not threads
         return False
 

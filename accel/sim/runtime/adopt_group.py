@@ -141,6 +141,9 @@ def init_process_group(
 ) -> None:
     """`dist.init_process_group` in a simulated rank: adopt, replace or create (module docstring)."""
     wanted = _normalise(backend)
+    if wanted == "fake":
+        _init_fake(init_method, timeout, world_size, rank, store, group_name, pg_options, device_id)
+        return
     if _node:
         _init_on_node(wanted, init_method, timeout, world_size, rank, store, group_name, pg_options, device_id)
         return
@@ -159,6 +162,15 @@ def init_process_group(
         dist.destroy_process_group()
     create(wanted, timeout, pg_options)
     _bind_eagerly(device_id)
+
+
+def _init_fake(*args: Any) -> None:
+    """torch's "fake" group (one process standing for a world of any size, no rendezvous: LocalTensor tests,
+    tracing): torch's own, as on a GPU host, in place of the simulator's group if that is the default one."""
+    if dist.is_initialized() and dist.GroupMember.WORLD is _simulator.get("group") and not _simulator.get("claimed"):
+        dist.destroy_process_group()  # `restore()` makes it again before the next task
+    _original_init("fake", *args)
+    _labels.clear()
 
 
 def on_node(created: Any) -> None:

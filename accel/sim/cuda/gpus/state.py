@@ -145,6 +145,18 @@ class SimGpus:
         for callback in self.on_start:
             callback(self)
 
+    @property
+    def initialized(self) -> bool:
+        """Whether CUDA has been initialised in this process (`torch.cuda.is_initialized()`)."""
+        return self._initialized
+
+    @initialized.setter
+    def initialized(self, value: bool) -> None:
+        self._initialized = value
+        # torch's own flag, read as it is: activation checkpointing stashes the GPU's RNG state for its
+        # recomputation only where it is set (else dropout draws other masks when recomputed)
+        torch.cuda._initialized = value
+
     def use(self) -> None:
         """A GPU is used: CUDA starts (if it had not) and counts as initialised."""
         if not self.started:

@@ -65,7 +65,15 @@ def _reduce_scatter(
                 f"the group size ({size})"
             )
         out = tensor.new_empty((tensor.size(0) // size, *tensor.shape[1:]))
-    dist.reduce_scatter_single(out, tensor, op=_op(op), group=_group(group))
+    reduce_op = _op(op)
+    if tensor.is_complex():
+        # NCCL reduces complex numbers as pairs of reals, for the ops that allow it (c10d's own rule)
+        if not dist.supports_complex(reduce_op):
+            raise ValueError(f"reduce_scatter_tensor does not support {reduce_op} on complex tensors")
+        real_out, real_in = torch.view_as_real(out), torch.view_as_real(tensor)
+        dist.reduce_scatter_single(real_out, real_in, op=reduce_op, group=_group(group))
+        return out
+    dist.reduce_scatter_single(out, tensor, op=reduce_op, group=_group(group))
     return out
 
 

@@ -64,7 +64,10 @@ class CudaDevice(core.SimDevice):
         if found is not None and found.type != "cuda":
             # a GPU kernel takes only a CUDA generator (`torch.Generator(device="cuda")`, `gpus.generators`)
             raise RuntimeError(f"Expected a 'cuda' device type for generator but found '{found.type}'")
-        return super().draw(index, func, args, kwargs)
+        with generators.drawing(given if given is not None else self.generator(index)) as drawn:
+            result = super().draw(index, func, args, kwargs)
+            drawn(result)
+        return result
 
 
 class SimCudaTensor(core.WrapperTensor):
