@@ -505,3 +505,31 @@ def test_fsdp1_root_without_parameters_of_its_own_computes_on_the_current_gpu(ra
     assert out.device == torch.device("cuda", rank) and out.shape == (2, 2)
     with pytest.raises(ValueError, match=f"Inconsistent compute device and `device_id` on rank {rank}"):
         FSDP(nn.Sequential(nn.Linear(4, 8)), device_id=1 - rank, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+
+
+@pytest.mark.parametrize("rows", [3, 5])
+@distributed_test(world_size=SIZES, device="cuda")
+def test_a_state_dict_taken_before_training_shares_the_uneven_shards(rank, world_size, rows):
+    """FSDP2 pads an uneven shard once, at `fully_shard`: a `state_dict()` taken then stays the parameters'
+    own memory through the first forward and the optimizer's steps (a trainer may keep it and not ask again)."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Linear(rows, rows, bias=False)
+    fully_shard(model)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = model.state_dict()
+
+    def shared():
+        return state["weight"]._local_tensor.untyped_storage().data_ptr() == (
+            model.weight._local_tensor.untyped_storage().data_ptr()
+        )
+
+    assert shared()
+    inp = torch.rand(4, rows, device="cuda")
+    for _ in range(3):
+        optim.zero_grad()
+        model(inp).sum().backward()
+        optim.step()
+        assert shared()
+    assert torch.equal(state["weight"].full_tensor(), model.weight.full_tensor())

@@ -203,6 +203,9 @@ INTERNALS: dict[str, str] = {
     "torch.distributed.tensor._random.OffsetBasedRNGTracker": (
         "DTensor's random ops (sharded init, dropout) draw from the simulated GPU's CPU generator"
     ),
+    "torch.distributed.fsdp._fully_shard._fsdp_param.FSDPParam.reset_sharded_param": (
+        "FSDP2 keeps a sharded parameter's padded storage (what `model.state_dict()` shares) on simulated GPUs"
+    ),
     "torch.distributed.fsdp._init_utils._get_device_from_device_id": "FSDP1's device_id=<index> means cuda:<index>",
     "torch.distributed.fsdp._init_utils._init_device_handle": "FSDP1's device_id=<index> means cuda:<index>",
     "torch.distributed.fsdp._init_utils._get_compute_device": "FSDP1 computes on cuda:k, not on the hidden device",
@@ -283,6 +286,9 @@ def _has_dotted(name: str) -> bool:
         import importlib
 
         module, attribute = name.rsplit(".", 1)
+        if name.count(".") > 1 and module.rsplit(".", 1)[1][:1].isupper():  # module.Class.attribute
+            module, owner = module.rsplit(".", 1)
+            return hasattr(getattr(importlib.import_module(module), owner, None), attribute)
         return hasattr(importlib.import_module(module), attribute)
     if name.startswith("torch.utils.backend_registration."):
         import torch.utils.backend_registration as registration
@@ -1016,6 +1022,40 @@ def propagate_dtensor_meta_on(hidden: str) -> None:
         op_schema._rebuild_tensor_from_dtensor_meta = rebuild
 
     after_import("torch.distributed.tensor._op_schema", patch)
+
+
+def keep_fsdp2_sharded_storage(plain: Callable[[torch.Tensor], torch.Tensor | None]) -> None:
+    """FSDP2 keeps a sharded parameter's storage at its lazy init on simulated GPUs, as on a GPU.
+
+    `FSDPParam.reset_sharded_param` pads a parameter's shard into new memory unless its
+    padded data still shares the parameter's storage, which it checks only when the data's
+    type is exactly `torch.Tensor` ("TODO: need to support tensor subclass"). A simulated
+    CUDA tensor is a subclass, so each uneven shard moved to new memory at the first
+    forward, and a `model.state_dict()` taken before it no longer shared the parameter.
+    `plain(t)` is the host tensor under a simulated one (same storage), else None: the
+    check reads that.
+    """
+
+    def patch(fsdp_param: Any) -> None:
+        original = fsdp_param.FSDPParam.reset_sharded_param
+
+        @functools.wraps(original)
+        def reset_sharded_param(self: Any) -> None:
+            data = getattr(self, "_sharded_param_data", None)
+            host = plain(data) if isinstance(data, torch.Tensor) else None
+            if host is None:
+                original(self)
+                return
+            self._sharded_param_data = host
+            try:
+                original(self)
+            finally:
+                if self._sharded_param_data is host:  # kept: the simulated tensor again
+                    self._sharded_param_data = data
+
+        fsdp_param.FSDPParam.reset_sharded_param = reset_sharded_param
+
+    after_import("torch.distributed.fsdp._fully_shard._fsdp_param", patch)
 
 
 def show_fsdp1_devices_as(hidden: str, shown: Callable[[int], torch.device]) -> None:

@@ -114,6 +114,11 @@ def _index(device: Any = None, initialize: bool = True) -> int:
     return gpus.current if device is None else gpus.resolve(device, initialize).index or 0
 
 
+def _host_tensor(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The host tensor under a simulated CUDA tensor (its storage), else None."""
+    return cuda_tensor.unwrap(tensor) if isinstance(tensor, cuda_tensor.SimCudaTensor) else None
+
+
 def _gpu(index: int) -> torch.device:
     """`cuda:index`, as Python must see hidden device `index`."""
     return cuda_state.gpus().devices[index]
@@ -353,6 +358,7 @@ def _register_device() -> None:
     torch_internals.on_storage_resize(cuda_memory.resize)
     torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
     torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, _gpu)
+    torch_internals.keep_fsdp2_sharded_storage(_host_tensor)
     cuda_group.register()
     torch_internals.record_no_flights_of(carried.PythonGroup)  # the simulated NCCL groups are Python's
 
