@@ -108,6 +108,26 @@ def test_dtensor_random_ops_follow_torchs_offset_tracker(rank, world_size):
     assert all(torch.equal(g, local) for g in gathered) and local.abs().sum() > 0
 
 
+@distributed_test(world_size=SIZES, device="cuda")
+def test_dtensor_random_ops_given_a_gpu_generator_move_its_offset(rank, world_size):
+    """An op given a generator receives torch's own object for it: DTensor still reads the GPU's state."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cuda", (world_size,))
+    weight = distribute_tensor(torch.zeros(4 * world_size, 8, device="cuda"), mesh, [Shard(0)])
+    generator = torch.Generator(device="cuda")
+    with torch.no_grad():
+        weight.normal_(std=0.1, generator=generator.manual_seed(42))
+    assert _philox(generator.get_state()) == (42, 32 * world_size)  # past the whole tensor, on every rank
+    rows = weight.full_tensor().view(world_size, 4, 8)
+    assert all(not torch.equal(rows[i], rows[j]) for i in range(world_size) for j in range(i))
+    with torch.no_grad():
+        again = distribute_tensor(torch.zeros(4 * world_size, 8, device="cuda"), mesh, [Shard(0)])
+        again.normal_(std=0.1, generator=generator.manual_seed(42))
+    assert torch.equal(again.to_local(), weight.to_local())
+
+
 @distributed_test(world_size=2, device="cuda")
 def test_a_fake_process_group_and_local_tensors_stand_for_a_bigger_world(rank, world_size):
     """torch's LocalTensor tests: one process, a "fake" group of any size, each rank's tensor kept apart."""

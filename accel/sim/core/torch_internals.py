@@ -206,6 +206,9 @@ INTERNALS: dict[str, str] = {
     "torch.distributed.fsdp._fully_shard._fsdp_param.FSDPParam.reset_sharded_param": (
         "FSDP2 keeps a sharded parameter's padded storage (what `model.state_dict()` shares) on simulated GPUs"
     ),
+    "torch.distributed.tensor._random.OffsetBasedRNGTracker._distribute_region": (
+        "DTensor's random ops given a GPU generator read its Philox state, not the host generator's"
+    ),
     "torch.distributed.fsdp._init_utils._get_device_from_device_id": "FSDP1's device_id=<index> means cuda:<index>",
     "torch.distributed.fsdp._init_utils._init_device_handle": "FSDP1's device_id=<index> means cuda:<index>",
     "torch.distributed.fsdp._init_utils._get_compute_device": "FSDP1 computes on cuda:k, not on the hidden device",
@@ -1022,6 +1025,28 @@ def propagate_dtensor_meta_on(hidden: str) -> None:
         op_schema._rebuild_tensor_from_dtensor_meta = rebuild
 
     after_import("torch.distributed.tensor._op_schema", patch)
+
+
+def show_dtensor_the_generators_given(resolve: Callable[[Any], Any]) -> None:
+    """DTensor's random ops given a GPU generator read it as the GPU's, not as the host generator under it.
+
+    An op receives a new Python object for the generator it was given, of torch's own
+    type, whose state is the host generator's. DTensor's RNG tracker reads and sets that
+    state as CUDA's Philox state (`_distribute_region(spec, generator)`): `resolve` gives it
+    the simulated GPU's generator object instead.
+    """
+
+    def patch(random: Any) -> None:
+        tracker = random.OffsetBasedRNGTracker
+        original = tracker._distribute_region
+
+        @functools.wraps(original)
+        def _distribute_region(self: Any, spec: Any, generator: Any = None) -> Any:
+            return original(self, spec, resolve(generator))
+
+        tracker._distribute_region = _distribute_region
+
+    after_import("torch.distributed.tensor._random", patch)
 
 
 def keep_fsdp2_sharded_storage(plain: Callable[[torch.Tensor], torch.Tensor | None]) -> None:

@@ -359,6 +359,7 @@ def _register_device() -> None:
     torch_internals.propagate_dtensor_meta_on(cuda_state.HIDDEN_DEVICE)
     torch_internals.show_fsdp1_devices_as(cuda_state.HIDDEN_DEVICE, _gpu)
     torch_internals.keep_fsdp2_sharded_storage(_host_tensor)
+    torch_internals.show_dtensor_the_generators_given(generators.as_gpu_generator)
     cuda_group.register()
     torch_internals.record_no_flights_of(carried.PythonGroup)  # the simulated NCCL groups are Python's
 

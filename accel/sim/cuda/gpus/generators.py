@@ -47,6 +47,18 @@ class _GeneratorType(type(torch._C.Generator)):  # type: ignore[misc]  # torch's
 _GPU_OF: dict[int, torch.device] = {}
 
 
+#: each GPU generator's Python object, by its C++ generator: an op given one receives a plain torch._C.Generator
+#: for it (whose C++ state is the host generator's), and code there reads the state as a GPU's
+_OBJECTS: weakref.WeakValueDictionary[int, GpuGenerator] = weakref.WeakValueDictionary()
+
+
+def as_gpu_generator(generator: Any) -> Any:
+    """The simulated GPU's generator object behind `generator` (what code reads the Philox state of), else it."""
+    if generator is None or isinstance(generator, GpuGenerator):
+        return generator
+    return _OBJECTS.get(torch_internals.generator_key(generator), generator)
+
+
 def device_of(generator: torch.Generator) -> torch.device:
     """The device `generator` draws for: a simulated GPU for a GPU generator, else its own."""
     return _GPU_OF.get(torch_internals.generator_key(generator), generator.device)
@@ -98,6 +110,7 @@ class GpuGenerator(torch._C.Generator):
         key = torch_internals.generator_key(made)
         _GPU_OF[key] = device
         _PHILOX[key] = [torch._C.Generator.initial_seed(made), 0]
+        _OBJECTS[key] = made
         weakref.finalize(made, _forget, key)
         return made
 
