@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from accel.sim.cuda.gpus import generators
 from accel.sim.cuda.memory import allocator as cuda_memory
 from accel.sim.cuda.tensors.cuda_tensor import SIM, host_tensors, wrap_like
 
@@ -238,7 +239,10 @@ class _Attention:
 def _seed(like: torch.Tensor) -> int:
     """A seed for a dropout mask, drawn from the simulated GPU's generator (as the kernel advances the GPU's)."""
     generator = SIM.generator(like.device.index or 0)
-    return int(torch.randint(0, 2**62, (), generator=generator))
+    with generators.drawing(generator) as drawn:  # from the generator's Philox state, which it moves on
+        seed = torch.randint(0, 2**62, (), generator=generator)
+        drawn(seed)
+    return int(seed)
 
 
 # -- flash ---------------------------------------------------------------------------------------------------
