@@ -68,9 +68,9 @@ FLOAT8_TENSORWISE = (
 BATCH_2 = ("--training.local_batch_size", "2")
 COMPILED_BLOCKS = ("--compile.enable", "--compile.components", "model")
 FLOAT8_ROWWISE = ("--model.converters", "quantize.linear.float8", "--quantize.linear.float8.recipe_name", "rowwise")
-#: Meta's Grand Teton H100s (96 GB HBM2e): CUDA reports 95.0 GiB (torchtitan's logged percentages:
-#: 30.89 GiB is 32.51%, 27.34 GiB is 28.78%); sm_90 and 132 SMs as the H100 SXM
-H100_96GB = "memory=95GiB,capability=9.0,name=NVIDIA H100,sms=132"
+#: Meta's Grand Teton H100s (96 GB HBM2e, 2.4 TB/s, 500 W): CUDA reports 95.0 GiB (torchtitan's logged
+#: percentages: 30.89 GiB is 32.51%, 27.34 GiB is 28.78%); sm_90 and 132 SMs as the H100 SXM
+H100_96GB = "H100-96GB"
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,7 @@ class Case:
     source: str  # where the figure is published (file at a commit)
     what: str  # the published configuration, in words
     published_gib: float  # torchtitan's "memory:" (max reserved), GiB
+    published_tps: float | None = None  # torchtitan's tokens per second per GPU ("tps"), where published
     gpu: str  # the card, as --gpu takes it
     ranks: int
     flags: tuple[str, ...] = ()  # torchtitan flags on top of llama3_8b.toml (v0.2.2)
@@ -94,6 +95,7 @@ CASES: tuple[Case, ...] = (
         source=TITAN_BENCH.format(commit=TITAN_BENCH_COMMIT) + " (Table 1, row FSDP)",
         what="Llama 3.1 8B, 8 GPUs FSDP, local batch 2, seq 8192, per-op SAC, bf16/fp32-reduce, eager",
         published_gib=82.4,
+        published_tps=5762,
         gpu=H100_96GB,
         ranks=8,
         flags=BATCH_2,
@@ -105,6 +107,7 @@ CASES: tuple[Case, ...] = (
         source=TITAN_BENCH.format(commit=TITAN_BENCH_COMMIT) + " (Table 1, row FSDP + torch.compile)",
         what="as eager-b2, each transformer block compiled (the loss was not compiled then)",
         published_gib=77.0,
+        published_tps=6667,
         gpu=H100_96GB,
         ranks=8,
         flags=(*BATCH_2, *COMPILED_BLOCKS),
@@ -115,6 +118,7 @@ CASES: tuple[Case, ...] = (
         source=TITAN_BENCH.format(commit=TITAN_BENCH_COMMIT) + " (Table 3, row FSDP)",
         what="as eager-b2 on 128 GPUs (FSDP 128); rank 0 run, standing in for all 128",
         published_gib=67.0,
+        published_tps=5605,
         gpu=H100_96GB,
         ranks=128,
         flags=BATCH_2,
@@ -125,6 +129,7 @@ CASES: tuple[Case, ...] = (
         source=TITAN_BENCH.format(commit=TITAN_BENCH_COMMIT) + " (Table 3, row FSDP + torch.compile)",
         what="as compile-b2 on 128 GPUs (FSDP 128); rank 0 run, standing in for all 128",
         published_gib=62.0,
+        published_tps=6514,
         gpu=H100_96GB,
         ranks=128,
         flags=(*BATCH_2, *COMPILED_BLOCKS),
@@ -299,6 +304,7 @@ def run(case: Case, root: Path, extra: tuple[str, ...] = ()) -> dict:
     toml = workspace(root)
     command = [sys.executable, "-m", "accel.commands.cli", "launch", "--simulate", "cuda", "--shapes_only"]
     command += ["--gpu", case.gpu, "--num_processes", str(case.ranks), "--local_ranks_filter", "0", *extra]
+    command += ["--timing_report", str(root / "timing.json")]
     if case.only_ranks:
         command += ["--only_ranks", case.only_ranks]
     command += ["-m", "torchtitan.train", "--job.config_file", str(toml), "--training.steps", str(case.steps)]
@@ -328,9 +334,34 @@ def run(case: Case, root: Path, extra: tuple[str, ...] = ()) -> dict:
         "command": " ".join(command),
         "env": case.env,
     }
+    result.update(_predicted(case, root / "timing.json"))
     if done.returncode != 0 or not steps:
         result["tail"] = output[-3000:]
     return result
+
+
+def _tokens_per_gpu(case: Case) -> int:
+    """Tokens one GPU's step holds: torchtitan's local batch (1 unless the case's flags say) x sequence 8192."""
+    flags = list(case.flags)
+    batch = int(flags[flags.index("--training.local_batch_size") + 1]) if "--training.local_batch_size" in flags else 1
+    return batch * 8192
+
+
+def _predicted(case: Case, report: Path) -> dict:
+    """Rank 0's predicted step (median over the steps the clock saw) and tokens/s per GPU, from the timing report."""
+    if not report.exists():
+        return {"predicted_step_s": None, "predicted_tps": None}
+    steps = json.loads(report.read_text())["ranks"]["0"]["steps"]
+    if not steps:
+        return {"predicted_step_s": None, "predicted_tps": None}
+    times = sorted(step["time_s"] for step in steps)
+    median = times[len(times) // 2]
+    exposed = sorted(step["exposed_comm_s"] for step in steps)[len(times) // 2]
+    return {
+        "predicted_step_s": median,
+        "predicted_tps": _tokens_per_gpu(case) / median,
+        "predicted_exposed_comm_s": exposed,
+    }
 
 
 def report(root: Path, wanted: bool) -> tuple[str, ...]:
@@ -379,6 +410,17 @@ def main() -> None:
         sim = result["simulated_gib"]
         error = f"{100 * (sim / case.published_gib - 1):+6.1f}%" if sim else "-"
         print(f"{case.name:16s} {case.ranks:5d} {case.published_gib:10.2f} {sim or float('nan'):10.2f} {error:>7s}")
+    timed = [(c, r) for c, r in zip(cases, results, strict=True) if c.published_tps and r["predicted_tps"]]
+    if timed:
+        header = f"{'case':16s} {'GPUs':>5s} {'published tps':>14s} {'predicted tps':>14s} {'error':>7s}"
+        print(f"\n{header}  step (exposed comm)")
+        for case, result in timed:
+            predicted = result["predicted_tps"]
+            error = f"{100 * (predicted / case.published_tps - 1):+6.1f}%"
+            print(
+                f"{case.name:16s} {case.ranks:5d} {case.published_tps:14,.0f} {predicted:14,.0f} {error:>7s}  "
+                f"{result['predicted_step_s']:.3f} s ({result['predicted_exposed_comm_s']:.3f} s)"
+            )
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
 

@@ -69,10 +69,14 @@ def test_the_default_card_is_an_h100(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
-        (["--simulate", "cuda", "--gpu", "B300"], "unknown GPU 'B300'; choose one of H100, H100-PCIE, H200"),
+        (["--simulate", "cuda", "--gpu", "B300"], "unknown GPU 'B300'; choose one of H100, H100-96GB, H100-PCIE, H200"),
         (["--simulate", "cpu", "--gpu", "L4"], "--gpu is about simulated GPUs: use it with --simulate cuda"),
         (["--simulate", "xla", "--shapes_only"], "--shapes_only is about simulated GPUs: use it with --simulate cuda"),
         (["--gpu", "L4"], "--gpu applies to simulated runs only"),
+        (["--simulate", "cuda", "--network", "fast"], "cannot read the network 'fast': write each GPU's NIC as e.g."),
+        (["--simulate", "cuda", "--gpus_per_node", "0"], "--gpus_per_node must be a positive number, got 0"),
+        (["--simulate", "cpu", "--timing_report", "t.json"], "--timing_report is about simulated GPUs"),
+        (["--tokens_per_step", "8"], "--tokens_per_step applies to simulated runs only"),
     ],
 )
 def test_a_bad_card_is_refused_before_anything_starts(tmp_path, argv, error):

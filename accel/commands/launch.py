@@ -94,6 +94,10 @@ def check_args(args: argparse.Namespace) -> None:
             ("--gpu", args.gpu is not None),
             ("--shapes_only", args.shapes_only),
             ("--memory_report", args.memory_report is not None),
+            ("--timing_report", getattr(args, "timing_report", None) is not None),
+            ("--network", getattr(args, "network", None) is not None),
+            ("--gpus_per_node", getattr(args, "gpus_per_node", None) is not None),
+            ("--tokens_per_step", getattr(args, "tokens_per_step", None) is not None),
         ):
             if given and args.simulate != "cuda":
                 raise ValueError(f"{flag} is about simulated GPUs: use it with --simulate cuda, not {args.simulate}")
@@ -101,6 +105,7 @@ def check_args(args: argparse.Namespace) -> None:
             gpu_models.check(args.gpu)
         if args.memory_report is not None:
             memory_picture.check_path(args.memory_report)
+        _check_timing_args(args)
     else:
         if args.tpu:
             raise ValueError("--tpu: accel launches TPUs only simulated (--simulate xla)")
@@ -111,9 +116,25 @@ def check_args(args: argparse.Namespace) -> None:
             ("--shapes_only", args.shapes_only),
             ("--memory_report", args.memory_report),
             ("--only_ranks", getattr(args, "only_ranks", None)),
+            ("--timing_report", getattr(args, "timing_report", None)),
+            ("--network", getattr(args, "network", None)),
+            ("--gpus_per_node", getattr(args, "gpus_per_node", None)),
+            ("--tokens_per_step", getattr(args, "tokens_per_step", None)),
         ):
             if value:
                 raise ValueError(f"{flag} applies to simulated runs only; add --simulate cpu|cuda|xla")
+
+
+def _check_timing_args(args: argparse.Namespace) -> None:
+    """The clock's options, checked before any rank starts (ValueError naming what to give)."""
+    if getattr(args, "network", None) is not None:
+        from accel.sim.cuda.timing.units import parse_network
+
+        parse_network(args.network)
+    for flag in ("gpus_per_node", "tokens_per_step"):
+        value = getattr(args, flag, None)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{flag} must be a positive number, got {value}")
 
 
 def run(args: argparse.Namespace) -> int:

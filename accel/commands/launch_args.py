@@ -247,6 +247,31 @@ def _add_simulation(parser: argparse.ArgumentParser) -> None:
         "{rank} in PATH)",
     )
     sim.add_argument(
+        "--timing_report",
+        metavar="PATH",
+        help="with --simulate cuda: each rank adds its predicted step times (simulated clock of the --gpu card) "
+        "to the JSON file PATH: {card, network, ranks: {rank: {steps: [{time_s, compute_s, comm_s, exposed_comm_s, "
+        "flops}]}}}",
+    )
+    sim.add_argument(
+        "--network",
+        metavar="BANDWIDTH",
+        help="with --simulate cuda: each GPU's NIC between nodes for the predicted step time, e.g. 400Gbps "
+        "(default: the card's usual one: 400Gbps for H100/H200, 200Gbps for A100)",
+    )
+    sim.add_argument(
+        "--gpus_per_node",
+        type=int,
+        metavar="N",
+        help="with --simulate cuda: GPUs per node (NVLink within a node, the network between), default 8",
+    )
+    sim.add_argument(
+        "--tokens_per_step",
+        type=int,
+        metavar="N",
+        help="with --simulate cuda: the tokens one training step holds over all ranks, for tokens/s per GPU",
+    )
+    sim.add_argument(
         "--local_ranks_filter",
         "--local-ranks-filter",
         dest="local_ranks_filter",

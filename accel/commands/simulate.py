@@ -33,7 +33,7 @@ def run_script(script: str, script_args: list[str], env: dict[str, str], module:
 
     `sys.exit(code)` in the script ends the rank with that code.
     """
-    from accel.sim.runtime.launcher import report_peak_memory
+    from accel.sim.runtime.launcher import report_peak_memory, report_timing
     from accel.sim.runtime.worker import hide_frames_of
 
     # A failing rank's traceback then starts at the script, not in this runner.
@@ -58,8 +58,9 @@ def run_script(script: str, script_args: list[str], env: dict[str, str], module:
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         # the answer people simulate GPUs for, also when the script ends with sys.exit or
-        # fails (out of memory): each GPU's peak memory against its card
+        # fails (out of memory): each GPU's peak memory against its card; and how fast its steps were
         report_peak_memory()
+        report_timing()
 
 
 def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
@@ -90,6 +91,7 @@ def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
         from accel.sim.cuda.memory.picture import REPORT_ENV
 
         env[REPORT_ENV] = os.path.abspath(args.memory_report)  # the ranks write it, from their own directory
+    env.update(_timing_env(args))
     script = args.script if args.module else os.path.abspath(args.script)
     # Process-wide output settings: put back afterwards, for callers of cli.main in a process that goes on.
     previous = output.settings()
@@ -98,6 +100,27 @@ def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
         return _attempts(script, args, env, world_size, faults)
     finally:
         output.configure(previous.ranks, previous.prefix)
+
+
+def _timing_env(args: argparse.Namespace) -> dict[str, str]:
+    """What the ranks' clocks are told: the network, GPUs per node, tokens per step, the report's path (removed
+    here first: the ranks of this run add themselves to it)."""
+    env = {}
+    for flag, name in (
+        ("network", "ACCEL_SIM_NETWORK"),
+        ("gpus_per_node", "ACCEL_SIM_GPUS_PER_NODE"),
+        ("tokens_per_step", "ACCEL_SIM_TOKENS_PER_STEP"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            env[name] = str(value)
+    path = getattr(args, "timing_report", None)
+    if path:
+        env["ACCEL_SIM_TIMING_REPORT"] = os.path.abspath(path)
+        for stale in (path, path + ".lock"):
+            if os.path.exists(stale):
+                os.remove(stale)
+    return env
 
 
 def _attempts(script: str, args: argparse.Namespace, env: dict[str, str], world_size: int, faults: tuple) -> int:

@@ -94,6 +94,9 @@ class Runtime:
     #: workspaces) rather than on the host tensors; `on_device(op, args, kwargs, index)` runs it so
     runs_on_device: Callable[[Any], bool] = lambda op: False
     on_device: Callable[[Any, list, dict, int], Any] | None = None
+    #: `fused(index, nbytes)`: one kernel Inductor generates ran on device `index`, reading and writing
+    #: `nbytes` at its boundary (a device with a clock times it; ops inside the kernel cost nothing more)
+    fused: Callable[[int, int], None] | None = None
 
 
 def backend(cls: type, runtime: Runtime) -> Callable[..., Any]:
@@ -241,11 +244,12 @@ def drop_moves_within_the_device(gm: fx.GraphModule) -> None:
 def _compiler(runtime: Runtime, index: int) -> Callable[[fx.GraphModule, list], Callable[..., Any]]:
     def compile_graph(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         kept = kept_buffers(gm.graph)
+        kernels = kernel_bytes(gm.graph, kept, runtime.runs_on_device) if runtime.fused is not None else {}
 
         def run(args: list) -> Any:
             # boxed: the interpreter empties `args`, so that each input (a saved tensor in backward) is freed
             # after its last use, as Inductor's code frees it, not when the whole graph has run
-            return _Runner(gm, kept, runtime, index).boxed_run(args)
+            return _Runner(gm, kept, runtime, index, kernels).boxed_run(args)
 
         run._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd hands the arguments as a list
         return run
@@ -302,6 +306,30 @@ def kept_buffers(graph: fx.Graph) -> set[fx.Node]:
     return {node for node in kept if isinstance(node, fx.Node) and node.op == "call_function"}
 
 
+def _nbytes(node: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors_in(node.meta.get("val")))
+
+
+def kernel_bytes(graph: fx.Graph, kept: set[fx.Node], on_device: Callable[[Any], bool]) -> dict[fx.Node, int]:
+    """The kernels Inductor generates for a graph: each kept result the host computes (not an op the device
+    runs itself), with the bytes its kernel reads and writes: its result, and the buffers (graph inputs,
+    kept results) that the ops fused into it read, not the intermediates those ops pass each other."""
+    reads: dict[fx.Node, set[fx.Node]] = {}
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        found: set[fx.Node] = set()
+        for arg in _nodes((node.args, node.kwargs)):
+            fused_in = arg.op == "call_function" and arg not in kept
+            found.update(reads.get(arg, set()) if fused_in else {arg})
+        reads[node] = found
+    return {
+        node: _nbytes(node) + sum(_nbytes(arg) for arg in reads[node])
+        for node in kept
+        if torch_internals.is_op(node.target) and not on_device(node.target) and _kind(node.target) != "view"
+    }
+
+
 def _nodes(values: Any) -> list[fx.Node]:
     found: list[fx.Node] = []
     fx.node.map_arg(values, found.append)
@@ -311,9 +339,11 @@ def _nodes(values: Any) -> list[fx.Node]:
 class _Runner(fx.Interpreter):
     """Runs a partitioned graph on the host tensors; counts the results Inductor keeps in buffers."""
 
-    def __init__(self, gm: fx.GraphModule, kept: set[fx.Node], runtime: Runtime, index: int) -> None:
+    def __init__(
+        self, gm: fx.GraphModule, kept: set[fx.Node], runtime: Runtime, index: int, kernels: dict[fx.Node, int]
+    ) -> None:
         super().__init__(gm, garbage_collect_values=True)
-        self.kept, self.runtime, self.index = kept, runtime, index
+        self.kept, self.runtime, self.index, self.kernels = kept, runtime, index, kernels
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         if torch_internals.is_op(target):
@@ -344,4 +374,7 @@ class _Runner(fx.Interpreter):
         if node in self.kept:
             for value in tensors_in(result):
                 self.runtime.count(value, self.index)
+            nbytes = self.kernels.get(node)
+            if nbytes is not None and self.runtime.fused is not None:
+                self.runtime.fused(self.index, nbytes)
         return result

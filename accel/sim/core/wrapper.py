@@ -59,6 +59,8 @@ class SimDevice:
         self.counting: list[Any] = []
         #: non-empty while every op must take the general path (`dispatch`, where `align` sees it)
         self.general: list[Any] = []
+        #: non-empty while a clock times each op on the device (then `time_op` hears of each)
+        self.timing: list[Any] = []
 
     def attach(self, count: int | None = None) -> None:
         """The hidden device is registered: make its C++ devices (`count` of them; default: one per shown device)."""
@@ -111,6 +113,9 @@ class SimDevice:
     def align(self, args: list, kwargs: dict, seen: dict[int, Any]) -> tuple[list, dict]:
         """The CPU arguments of an op, as the device runs it (while `general`)."""
         return args, kwargs
+
+    def time_op(self, index: int, func: Any, args: Any, kwargs: dict, out: Any) -> None:
+        """Op `func` ran on device `index` with these arguments and result (while `timing`)."""
 
 
 class WrapperTensor(torch.Tensor):
@@ -193,6 +198,8 @@ class WrapperTensor(torch.Tensor):
             if device is not None:
                 index = device.index or 0
                 out = sim.draw(index, func, inner_args, {}) if facts[1] else func(*inner_args)
+                if sim.timing and not _inside:
+                    sim.time_op(index, func, inner_args, {}, out)
                 if facts[2]:  # written into an argument (add_, ...): that very wrapper comes back
                     seen = {id(value._inner): value for value in args if type(value) is cls}
                     same = seen.get(id(out))
@@ -528,9 +535,11 @@ def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict, *, 
         # collectives, memory, the attention backends' choice) are for the run itself
         apart = False
         args, kwargs = _adopt_fakes(cls, args), _adopt_fakes(cls, kwargs)
-    if special is not None and apart:
-        return special(args, kwargs)
     sim = cls._sim
+    if special is not None and apart:
+        if not sim.timing:
+            return special(args, kwargs)
+        return _timed_special(cls, special, func, args, kwargs)
     device = op_device(cls, func, args, kwargs)
     if kwargs:
         requested = kwargs.get("device")
@@ -554,6 +563,8 @@ def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict, *, 
     if device is None or device.type != sim.type:
         return func(*inner_args, **inner_kwargs)  # a CPU result was asked for
     out = sim.draw(device.index or 0, func, inner_args, inner_kwargs) if seeded else func(*inner_args, **inner_kwargs)
+    if sim.timing and not _inside:
+        sim.time_op(device.index or 0, func, inner_args, inner_kwargs, out)
     if reshapes:
         for wrapper in seen.values():
             _follow_inner(wrapper)
@@ -565,6 +576,28 @@ def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict, *, 
 
 #: non-empty while Dynamo compiles (`tracing`): the tensors met are fake
 _tracing: list[bool] = []
+#: while special handlers run with the clock on, one flag each: whether a handler it called timed itself
+_inside: list[list[bool]] = []
+
+
+def _timed_special(cls: type[WrapperTensor], special: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """A special handler's op, timed as the one kernel the device launches for it: the ops it runs on the
+    device's tensors are its own doing, not kernels; a handler that routes to another (the attention
+    composite to its backend's op) leaves the timing to that one."""
+    frame = [False]
+    _inside.append(frame)
+    try:
+        out = special(args, kwargs)
+    finally:
+        _inside.pop()
+    if _inside:
+        _inside[-1][0] = True
+    if frame[0] or _tracing:
+        return out
+    device = op_device(cls, func, args, kwargs)
+    if device is not None and device.type == cls._sim.type:
+        cls._sim.time_op(device.index or 0, func, args, kwargs, out)
+    return out
 
 
 def tracing(active: bool) -> None:

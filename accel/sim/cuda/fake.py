@@ -62,6 +62,8 @@ from accel.sim.cuda.nccl import parallel_copies
 from accel.sim.cuda.tensors import checkpoint as cuda_checkpoint
 from accel.sim.cuda.tensors import cuda_tensor, sync_debug
 from accel.sim.cuda.tensors import factories as cuda_kernels
+from accel.sim.cuda.timing import clock as timing_clock
+from accel.sim.cuda.timing import ops as timing
 from accel.sim.cuda.torch_cuda import accelerator as cuda_accelerator
 from accel.sim.cuda.torch_cuda import determinism
 from accel.sim.cuda.torch_cuda import entry_points as cuda_entry_points
@@ -126,6 +128,12 @@ def _gpu(index: int) -> torch.device:
 
 def _lazy_init(*args: Any, **kwargs: Any) -> None:
     cuda_state.gpus().use()
+
+
+def _synchronize(device: Any = None) -> None:
+    """`torch.cuda.synchronize`: CUDA starts; on the clock, the host waits for every stream of the GPU."""
+    _lazy_init()
+    timing.synchronize(_index(device))
 
 
 def _set_device(device: Any) -> None:
@@ -202,7 +210,7 @@ def _patches() -> dict[str, Any]:
         "_maybe_exchange_device": _maybe_exchange_device,
         # get_device_name / get_device_capability / is_bf16_supported: torch's own, on these properties
         "get_device_properties": cuda_properties.get_device_properties,
-        "synchronize": lambda device=None: _lazy_init(),
+        "synchronize": _synchronize,
         "ipc_collect": none,
         "utilization": _unsupported("torch.cuda.utilization()", "it reads the GPU's NVML counters"),
         "temperature": _unsupported("torch.cuda.temperature()", "it reads the GPU's NVML counters"),
@@ -362,6 +370,10 @@ def _register_device() -> None:
     torch_internals.show_dtensor_the_generators_given(generators.as_gpu_generator)
     cuda_group.register()
     torch_internals.record_no_flights_of(carried.PythonGroup)  # the simulated NCCL groups are Python's
+    cuda_tensor.SIM.timing = timing.running  # the clock hears of every op while it runs
+    cuda_tensor.SIM.time_op = timing.time_op  # type: ignore[method-assign]  # the same call, unbound
+    sync_debug.on_wait.append(timing.host_waits_for_gpu)
+    timing.install()
 
 
 def _register_kernels() -> None:
@@ -445,6 +457,7 @@ def _on_cuda_start(gpus: cuda_state.SimGpus) -> None:
     """CUDA starts in this process (or test): each visible GPU is the chosen card, its memory empty."""
     torch.cuda.default_generators = tuple(gpus.generators)  # type: ignore[assignment]  # as torch's CUDA start fills them
     cuda_shapes.configure()
+    timing_clock.start(gpu_models.resolve())  # simulated time starts with CUDA
     if os.environ.get(cuda_properties.MEMORY_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         cuda_memory.uninstall()
         return
@@ -489,6 +502,7 @@ def _compiled_buffers_runtime() -> compiled_buffers.Runtime:
         adopt=cuda_tensor.wrap,
         runs_on_device=_runs_on_device,
         on_device=_on_simulated_gpu,
+        fused=timing.fused_kernel,
     )
 
 

@@ -115,6 +115,22 @@ def report_peak_memory() -> None:
         print(f"accel.sim: {line}", flush=True)
 
 
+def report_timing() -> None:
+    """Print this rank's predicted step time (the simulated GPUs' clock), and add its steps to the timing report
+    if ``ACCEL_SIM_TIMING_REPORT`` names one."""
+    if "accel.sim.cuda.timing.clock" not in sys.modules:  # loaded in simulated GPU ranks only
+        return
+    from accel.sim.cuda.timing import report
+
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    text = report.line(rank, world_size)
+    if text:
+        print(f"accel.sim: {text}", flush=True)
+    path = os.environ.get(report.REPORT_ENV)
+    if path:
+        report.write(path, rank)
+
+
 def resolve_check(check_collectives: bool | None) -> bool:
     """Whether to check collectives: the caller's choice, else the `ACCEL_SIM_CHECK_COLLECTIVES` knob (default on)."""
     if check_collectives is not None:

@@ -24,6 +24,41 @@ GiB = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
+class Speeds:
+    """How fast a card computes and moves data: the vendor's datasheet figures, dense (half the
+    "with sparsity" figures NVIDIA quotes for tensor cores), in TFLOPS, TB/s and GB/s.
+
+    `tflops` maps a kind of math to its peak: "fp8", "bf16", "fp16" (tensor cores, FP32 accumulate),
+    "tf32" (tensor cores, FP32 matmuls allowed to use them), "fp32" (CUDA cores), "fp64".
+    """
+
+    tflops: tuple[tuple[str, float], ...]
+    memory_tbps: float  # HBM/GDDR bandwidth
+    nvlink_gbps: float = 0.0  # NVLink per GPU, one direction (0: none, peers over PCIe)
+    pcie_gbps: float = 32.0  # host link, one direction (PCIe 4 x16: 32, PCIe 5 x16: 64)
+    network_gbits: float = 100.0  # the NIC per GPU that a typical cluster of this card has, Gb/s
+    watts: int = 0
+
+    def peak(self, kind: str) -> float:
+        """FLOP/s of `kind` ("bf16", "tf32", ...); a kind the card lacks runs at its FP32 rate."""
+        table = dict(self.tflops)
+        return 1e12 * table.get(kind, table["fp32"])
+
+
+def _speeds(
+    fp8: float, bf16: float, fp16: float, tf32: float, fp32: float, fp64: float, tbps: float, **links: float
+) -> Speeds:
+    kinds = (("fp8", fp8), ("bf16", bf16), ("fp16", fp16), ("tf32", tf32), ("fp32", fp32), ("fp64", fp64))
+    return Speeds(tflops=tuple((k, v) for k, v in kinds if v), memory_tbps=tbps, **links)  # type: ignore[arg-type]
+
+
+#: datasheet figures, dense (see docs/planning.md for the sources): H100 SXM5, H100 PCIe, H200 SXM, A100 SXM4,
+#: L40S, L4, A10G, GeForce RTX 4090 / 3090 (FP16/BF16 with FP32 accumulate), T4, V100 SXM2
+_HOPPER = dict(fp8=1978.9, bf16=989.4, fp16=989.4, tf32=494.7, fp32=66.9, fp64=66.9)
+_A100 = dict(fp8=0.0, bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp64=19.5)
+
+
+@dataclasses.dataclass(frozen=True)
 class GpuModel:
     """One kind of card, with the figures `cudaGetDeviceProperties` gives for it."""
 
@@ -50,16 +85,22 @@ class GpuModel:
     kernels_memory: int = 96468992
     cublas_memory: int = 69206016
     nccl_memory: tuple[int, int] = (585105408, 406847488)
+    #: how fast it computes and moves data (the clock of `accel.sim.cuda.timing`); an A100's when not known
+    speeds: Speeds = dataclasses.field(
+        default_factory=lambda: _speeds(**_A100, tbps=2.039, nvlink_gbps=300, network_gbits=200, watts=400)
+    )
 
     @property
     def capability(self) -> tuple[int, int]:
         return (self.major, self.minor)
 
 
-def _card(name: str, mib: float, cc: tuple[int, int], sms: int, l2_mib: float, smem_kib: int) -> GpuModel:
+def _card(
+    name: str, mib: float, cc: tuple[int, int], sms: int, l2_mib: float, smem_kib: int, speeds: Speeds | None = None
+) -> GpuModel:
     """A table entry: `smem_kib` is the shared memory per SM; a block may opt in to all but 1 KiB of it."""
     threads = 1536 if cc in ((8, 6), (8, 9)) else 1024 if cc == (7, 5) else 2048
-    return GpuModel(
+    card = GpuModel(
         name=name,
         total_memory=int(mib * MiB),
         major=cc[0],
@@ -70,29 +111,81 @@ def _card(name: str, mib: float, cc: tuple[int, int], sms: int, l2_mib: float, s
         shared_memory_per_block_optin=(smem_kib - 1) * 1024 if cc >= (8, 0) else smem_kib * 1024,
         shared_memory_per_multiprocessor=smem_kib * 1024,
     )
+    return card if speeds is None else dataclasses.replace(card, speeds=speeds)
 
 
 #: the cards `--gpu` knows, by their short names; total memory as CUDA reports it on a typical driver
 CARDS: dict[str, GpuModel] = {
-    "H100": _card("NVIDIA H100 80GB HBM3", 81089, (9, 0), 132, 50, 228),
-    "H100-PCIE": _card("NVIDIA H100 PCIe", 81080, (9, 0), 114, 50, 228),
+    "H100": _card(
+        "NVIDIA H100 80GB HBM3", 81089, (9, 0), 132, 50, 228,
+        _speeds(**_HOPPER, tbps=3.35, nvlink_gbps=450, pcie_gbps=64, network_gbits=400, watts=700),
+    ),
+    # Meta's Grand Teton hosts (most published torchtitan runs): HBM2e, 2.4 TB/s, capped at 500 W
+    "H100-96GB": _card(
+        "NVIDIA H100", 97280, (9, 0), 132, 50, 228,
+        _speeds(**_HOPPER, tbps=2.4, nvlink_gbps=450, pcie_gbps=64, network_gbits=400, watts=500),
+    ),
+    "H100-PCIE": _card(
+        "NVIDIA H100 PCIe", 81080, (9, 0), 114, 50, 228,
+        _speeds(fp8=1513.0, bf16=756.5, fp16=756.5, tf32=378.0, fp32=51.2, fp64=51.2, tbps=2.0,
+                nvlink_gbps=300, pcie_gbps=64, network_gbits=200, watts=350),
+    ),
     # read off a real H200 (torch 2.11, driver 580): total_memory 150109880320 B, 60 MB of L2, a 527 MiB context
-    "H200": dataclasses.replace(_card("NVIDIA H200", 143155.9375, (9, 0), 132, 60, 228), context_memory=552402944),
-    "A100-80GB": _card("NVIDIA A100-SXM4-80GB", 81050, (8, 0), 108, 40, 164),
-    "A100-40GB": _card("NVIDIA A100-SXM4-40GB", 40354, (8, 0), 108, 40, 164),
-    "L40S": _card("NVIDIA L40S", 45458, (8, 9), 142, 96, 100),
-    "L4": _card("NVIDIA L4", 22559, (8, 9), 58, 48, 100),
-    "A10G": _card("NVIDIA A10G", 22723, (8, 6), 80, 6, 100),
-    "RTX4090": _card("NVIDIA GeForce RTX 4090", 24217, (8, 9), 128, 72, 100),
-    "RTX3090": _card("NVIDIA GeForce RTX 3090", 24260, (8, 6), 82, 6, 100),
-    "T4": _card("Tesla T4", 15102, (7, 5), 40, 4, 64),
-    "V100": _card("Tesla V100-SXM2-16GB", 16160, (7, 0), 80, 6, 96),
-    "V100-32GB": _card("Tesla V100-SXM2-32GB", 32501, (7, 0), 80, 6, 96),
-}
+    "H200": dataclasses.replace(
+        _card("NVIDIA H200", 143155.9375, (9, 0), 132, 60, 228,
+              _speeds(**_HOPPER, tbps=4.8, nvlink_gbps=450, pcie_gbps=64, network_gbits=400, watts=700)),
+        context_memory=552402944,
+    ),
+    "A100-80GB": _card(
+        "NVIDIA A100-SXM4-80GB", 81050, (8, 0), 108, 40, 164,
+        _speeds(**_A100, tbps=2.039, nvlink_gbps=300, network_gbits=200, watts=400),
+    ),
+    "A100-40GB": _card(
+        "NVIDIA A100-SXM4-40GB", 40354, (8, 0), 108, 40, 164,
+        _speeds(**_A100, tbps=1.555, nvlink_gbps=300, network_gbits=200, watts=400),
+    ),
+    "L40S": _card(
+        "NVIDIA L40S", 45458, (8, 9), 142, 96, 100,
+        _speeds(fp8=733.0, bf16=362.05, fp16=362.05, tf32=183.0, fp32=91.6, fp64=0.0, tbps=0.864, watts=350),
+    ),
+    "L4": _card(
+        "NVIDIA L4", 22559, (8, 9), 58, 48, 100,
+        _speeds(fp8=242.5, bf16=121.0, fp16=121.0, tf32=60.0, fp32=30.3, fp64=0.0, tbps=0.3, watts=72),
+    ),
+    "A10G": _card(
+        "NVIDIA A10G", 22723, (8, 6), 80, 6, 100,
+        _speeds(fp8=0.0, bf16=70.0, fp16=70.0, tf32=35.0, fp32=31.2, fp64=0.0, tbps=0.6, watts=300),
+    ),
+    "RTX4090": _card(
+        "NVIDIA GeForce RTX 4090", 24217, (8, 9), 128, 72, 100,
+        _speeds(fp8=330.3, bf16=165.2, fp16=165.2, tf32=82.6, fp32=82.6, fp64=0.0, tbps=1.008, watts=450),
+    ),
+    "RTX3090": _card(
+        "NVIDIA GeForce RTX 3090", 24260, (8, 6), 82, 6, 100,
+        _speeds(fp8=0.0, bf16=71.0, fp16=71.0, tf32=35.6, fp32=35.6, fp64=0.0, tbps=0.936, nvlink_gbps=56.25,
+                watts=350),
+    ),
+    "T4": _card(
+        "Tesla T4", 15102, (7, 5), 40, 4, 64,
+        _speeds(fp8=0.0, bf16=0.0, fp16=65.0, tf32=0.0, fp32=8.1, fp64=0.0, tbps=0.32, pcie_gbps=16, watts=70),
+    ),
+    "V100": _card(
+        "Tesla V100-SXM2-16GB", 16160, (7, 0), 80, 6, 96,
+        _speeds(fp8=0.0, bf16=0.0, fp16=125.0, tf32=0.0, fp32=15.7, fp64=7.8, tbps=0.9, nvlink_gbps=150,
+                pcie_gbps=16, watts=300),
+    ),
+    "V100-32GB": _card(
+        "Tesla V100-SXM2-32GB", 32501, (7, 0), 80, 6, 96,
+        _speeds(fp8=0.0, bf16=0.0, fp16=125.0, tf32=0.0, fp32=15.7, fp64=7.8, tbps=0.9, nvlink_gbps=150,
+                pcie_gbps=16, watts=300),
+    ),
+}  # fmt: skip
 #: other spellings people use for the same cards
 ALIASES = {
     "H10080GB": "H100",
     "H100SXM": "H100",
+    "H10096GB": "H100-96GB",
+    "H100HBM2E": "H100-96GB",
     "A100": "A100-80GB",
     "A10080GB": "A100-80GB",
     "A10040GB": "A100-40GB",

@@ -68,6 +68,7 @@ from accel.sim.cuda.gpus import shapes as cuda_shapes
 from accel.sim.cuda.gpus import state as cuda_state
 from accel.sim.cuda.memory import allocator as cuda_memory
 from accel.sim.cuda.memory import report as memory_report
+from accel.sim.cuda.nccl.timed import first, second, timed
 from accel.sim.cuda.tensors.cuda_tensor import is_simulated_cuda, unwrap
 
 #: the name torch knows this backend by
@@ -548,6 +549,7 @@ class SimNcclGroup(CarriedGroup):
         args = rest[:-1] + given(rest[-1]) if rest else ()
         return self._run(list(tensors), lambda: getattr(self._gloo, method)(*_unwrapped(tensors), *args).wait(), result)
 
+    @timed("all_reduce", first)
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._route(tensors)
         tensor = _one(tensors)
@@ -562,6 +564,7 @@ class SimNcclGroup(CarriedGroup):
             inner.copy_(mine)
         how.finish(inner)
 
+    @timed("all_reduce", first)
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._route(tensors)
         _check_same_device(tensors)
@@ -573,6 +576,7 @@ class SimNcclGroup(CarriedGroup):
 
         return self._run(tensors, run, tensors)
 
+    @timed("broadcast", first)
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._route(tensors)
         tensor = _one(tensors)
@@ -584,6 +588,7 @@ class SimNcclGroup(CarriedGroup):
 
         return self._run([tensor], run, [tensor])
 
+    @timed("reduce", first)
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         self._route(tensors)
         tensor = _one(tensors)
@@ -601,6 +606,7 @@ class SimNcclGroup(CarriedGroup):
 
         return self._run([tensor], run, [tensor])
 
+    @timed("all_gather", first)
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         self._route([outputs, inputs])
         tensor = _one(inputs)
@@ -633,6 +639,7 @@ class SimNcclGroup(CarriedGroup):
     ) -> Any:
         raise NotImplementedError("ProcessGroupNCCL does not support allgather_coalesced")
 
+    @timed("all_gather", first)
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         self._route([output, input])
         self._check_gather(output, input)
@@ -652,6 +659,7 @@ class SimNcclGroup(CarriedGroup):
         if input.numel():
             torch_internals.gloo_all_gather_single(self._gloo, _flat(output), _flat(input)).wait()
 
+    @timed("all_gather", first)
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -667,6 +675,7 @@ class SimNcclGroup(CarriedGroup):
 
         return self._run([outputs, inputs], run, outputs)
 
+    @timed("reduce_scatter", second)
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         self._route([outputs, inputs])
         output = _one(outputs)
@@ -697,6 +706,7 @@ class SimNcclGroup(CarriedGroup):
                 _flat(target).copy_(mine)
                 how.finish(target)
 
+    @timed("reduce_scatter", second)
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         self._route([output, input])
         how = self._check_scatter(output, input, opts)
@@ -722,6 +732,7 @@ class SimNcclGroup(CarriedGroup):
             torch_internals.gloo_reduce_scatter_single(self._gloo, _flat(output), contribution, options).wait()
         how.finish(output)
 
+    @timed("reduce_scatter", second)
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -741,6 +752,7 @@ class SimNcclGroup(CarriedGroup):
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> Any:
         return self._on_gloo("scatter", (outputs, inputs), outputs, opts)
 
+    @timed("all_to_all", second)
     def all_to_all_single(
         self, output: torch.Tensor, input: torch.Tensor, out_splits: list[int], in_splits: list[int], opts: Any = None
     ) -> Any:
@@ -782,6 +794,7 @@ class SimNcclGroup(CarriedGroup):
         if sum(splits) != (tensor.size(0) if tensor.dim() else 1):
             raise RuntimeError("Split sizes doesn't match total dim 0 size")
 
+    @timed("all_to_all", second)
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> Any:
         self._route([outputs, inputs])
         for output, input in zip(outputs, inputs, strict=False):
@@ -809,9 +822,11 @@ class SimNcclGroup(CarriedGroup):
 
     # -- point-to-point: under way when returned, as with NCCL ----------------------------------
 
+    @timed("send", first)
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> Any:
         return self._transfer(tensors, dstRank, lambda inner: self._gloo.send([inner], dstRank, tag))
 
+    @timed("send", first)
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> Any:
         return self._transfer(tensors, srcRank, lambda inner: self._gloo.recv([inner], srcRank, tag))
 

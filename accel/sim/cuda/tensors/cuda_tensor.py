@@ -85,7 +85,7 @@ class SimCudaTensor(core.WrapperTensor):
         return torch_internals.reduce_as_tensor_on(self._inner, self._shown, self.requires_grad)
 
     def tolist(self) -> Any:
-        sync_debug.synchronizing()
+        sync_debug.waiting()
         inner = self._inner
         return (cuda_shapes.on_host(inner) if inner.is_meta else inner).tolist()
 
@@ -173,7 +173,7 @@ def _copy_(args: tuple, kwargs: dict) -> Any:
 
 
 def _item(args: tuple, kwargs: dict) -> Any:
-    sync_debug.synchronizing()
+    sync_debug.waiting()
     inner = args[0]._inner
     return cuda_shapes.value(inner) if inner.is_meta else inner.item()
 

@@ -14,6 +14,7 @@ reported, so a test can assert a step has none. Explicit `torch.cuda.synchronize
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,13 +39,25 @@ def get_sync_debug_mode() -> int:
     return _mode[0]
 
 
-def synchronizing() -> None:
+#: called where the host waits for the current GPU's current stream (the clock of `accel.sim.cuda.timing`
+#: names itself here, from the room above)
+on_wait: list[Callable[[], None]] = []
+
+
+def synchronizing(stacklevel: int = 3) -> None:
     """The host waits for the GPU here: warn or raise as the mode asks (nothing when it is off)."""
     mode = _mode[0]
     if mode == 1:
-        warnings.warn(MESSAGE, UserWarning, stacklevel=3)
+        warnings.warn(MESSAGE, UserWarning, stacklevel=stacklevel)
     elif mode >= 2:
         raise RuntimeError(MESSAGE)
+
+
+def waiting() -> None:
+    """The host waits for the current GPU's current stream to read a value back: the clock waits, the mode reports."""
+    for callback in on_wait:
+        callback()
+    synchronizing(stacklevel=4)
 
 
 def blocking_copy(kwargs: dict, args: tuple = (), position: int = 2) -> None:
@@ -84,8 +97,8 @@ def checks() -> dict[Any, Any]:
 
     def check(condition: Any) -> Any:
         def run(args: tuple, kwargs: dict) -> None:
-            if _mode[0] and (condition is None or condition(args, kwargs)):
-                synchronizing()
+            if (_mode[0] or on_wait) and (condition is None or condition(args, kwargs)):
+                waiting()
 
         return run
 

@@ -3,5 +3,5 @@
 Here: device properties and memory counters (`properties`), streams and events (`streams`), the
 profiler and NVTX (`profiler`), deterministic-algorithm alerts (`determinism`), JIT-built CUDA
 extensions (`extensions`) and `torch.accelerator`'s private entry points (`accelerator`).
-May import: gpus, memory, tensors, kernels, attention, nccl.
+May import: gpus, memory, tensors, timing, kernels, attention, nccl.
 """

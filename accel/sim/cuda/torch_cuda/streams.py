@@ -1,9 +1,11 @@
 """`torch.cuda.Stream` and `torch.cuda.Event` on simulated GPUs: which stream is current, and events.
 
-Work on a simulated GPU is finished when it is issued, so waits return at once and an event is
-complete once recorded; what streams still decide is the caching allocator's pools (a freed block
-stays cached for the stream it was allocated on), so each stream has an id (`Stream.sim_id`,
-0 the default stream) and `torch.cuda.stream` / `set_stream` make one current per GPU.
+Work on a simulated GPU is computed when it is issued, so waits return at once and an event is
+complete once recorded. Streams decide two things still: the caching allocator's pools (a freed block
+stays cached for the stream it was allocated on), so each stream has an id (`Stream.sim_id`, 0 the
+default stream) and `torch.cuda.stream` / `set_stream` make one current per GPU; and the simulated
+clock (`accel.sim.cuda.timing`), where each stream runs its kernels in order, waits for events and
+other streams as on the card, and a timing event's `elapsed_time` is simulated time.
 """
 
 from __future__ import annotations
@@ -16,30 +18,40 @@ from typing import Any
 
 from accel.sim.cuda.gpus import state as cuda_state
 from accel.sim.cuda.tensors import sync_debug
+from accel.sim.cuda.timing import ops as timing
 
 
 class Event:
-    """`torch.cuda.Event`: work is finished when issued, so an event is complete once recorded.
+    """`torch.cuda.Event`: work is computed when issued, so an event is complete once recorded.
 
-    With `enable_timing`, recording reads the host clock: the one stream of a simulated GPU
-    runs each op when it is issued, so the time between two events is the time its work took.
+    With the clock running, an event marks the simulated time its stream reaches it: streams that
+    wait for it start no later work before, and `elapsed_time` between two is simulated time. Without
+    it, recording reads the host clock (the time the work took to compute here).
     """
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self.enable_timing = enable_timing
         self.time: float | None = None
+        #: the simulated time its stream reaches it (with the clock running)
+        self.sim_time: float | None = None
 
     def record(self, stream: Any = None) -> None:
         self.time = time.perf_counter()
+        if timing.running:
+            stream = stream if stream is not None else current_stream()
+            self.sim_time = timing.running[0].ready(stream.device.index, stream.sim_id)
 
     def wait(self, stream: Any = None) -> None:
-        pass
+        if timing.running and self.sim_time is not None:
+            stream = stream if stream is not None else current_stream()
+            timing.running[0].wait(stream.device.index, stream.sim_id, self.sim_time)
 
     def query(self) -> bool:
         return True
 
     def synchronize(self) -> None:
-        pass
+        if timing.running and self.sim_time is not None:
+            timing.running[0].host_waits(self.sim_time)
 
     def elapsed_time(self, end_event: Any) -> float:
         """Milliseconds from this event to `end_event`, as CUDA measures them (both recorded, both timing)."""
@@ -47,6 +59,8 @@ class Event:
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
         if self.time is None or end_event.time is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        if self.sim_time is not None and end_event.sim_time is not None:
+            return (end_event.sim_time - self.sim_time) * 1000.0
         return (end_event.time - self.time) * 1000.0
 
 
@@ -61,19 +75,25 @@ class Stream:
         self.sim_id: int = kwargs.get("_sim_id", next(_stream_ids))
 
     def wait_stream(self, stream: Any) -> None:
-        pass
+        if timing.running:
+            clock = timing.running[0]
+            clock.wait(self.device.index, self.sim_id, clock.ready(stream.device.index, stream.sim_id))
 
     def wait_event(self, event: Any) -> None:
-        pass
+        event.wait(self)
 
     def record_event(self, event: Any = None) -> Event:
-        return event if event is not None else Event()
+        event = event if event is not None else Event()
+        event.record(self)
+        return event
 
     def query(self) -> bool:
         return True
 
     def synchronize(self) -> None:
         sync_debug.synchronizing()  # (a stream's synchronize is reported, as c10's stream_synchronize reports it)
+        if timing.running:
+            timing.running[0].host_waits(timing.running[0].ready(self.device.index, self.sim_id))
 
     def is_capturing(self) -> bool:
         return False  # no CUDA graphs on a simulated GPU
