@@ -79,9 +79,9 @@ class Case:
     source: str  # where the figure is published (file at a commit)
     what: str  # the published configuration, in words
     published_gib: float  # torchtitan's "memory:" (max reserved), GiB
-    published_tps: float | None = None  # torchtitan's tokens per second per GPU ("tps"), where published
     gpu: str  # the card, as --gpu takes it
     ranks: int
+    published_tps: float | None = None  # torchtitan's tokens per second per GPU ("tps"), where published
     flags: tuple[str, ...] = ()  # torchtitan flags on top of llama3_8b.toml (v0.2.2)
     steps: int = 3
     only_ranks: str | None = None  # --only_ranks: ranks run, each standing in for those its layout makes identical
