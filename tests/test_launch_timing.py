@@ -36,7 +36,7 @@ def test_each_rank_prints_its_predicted_step_and_writes_the_report(tmp_path):
     (tmp_path / "report.json").write_text('{"stale": true}')  # a report of an earlier run is replaced
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCEL_", "RANK", "WORLD_SIZE", "LOCAL_", "CUDA_"))}
     argv = ["--simulate", "cuda", "--num_processes", "2", "--gpu", "A100-80GB", "--network", "200Gbps"]
-    argv += ["--timing_report", "report.json", "--tokens_per_step", "512"]
+    argv += ["--timing_report", "report.json", "--tokens_per_step", "512", "--timing_trace", "trace.json"]
     done = subprocess.run(
         [ACCEL, "launch", *argv, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
@@ -50,3 +50,11 @@ def test_each_rank_prints_its_predicted_step_and_writes_the_report(tmp_path):
         line = f"[rank {rank}] accel.sim: rank {rank} on NVIDIA A100-SXM4-80GB: predicted step {median * 1e3:.3g} ms"
         assert line in done.stdout
         assert f"{512 / median / 2:,.0f} tokens/s per GPU" in done.stdout
+        # the last step as Perfetto reads it: a track per stream, kernels by op, DDP's all-reduce on NCCL's
+        trace = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())["traceEvents"]
+        tracks = {e["args"]["name"] for e in trace if e["name"] == "thread_name"}
+        assert tracks == {f"cuda:{rank} stream 0 (default)", f"cuda:{rank} NCCL group 1"}
+        kernels = [e for e in trace if e["ph"] == "X"]
+        assert {"addmm", "mm", "nccl all_reduce"} <= {e["name"] for e in kernels}
+        assert all(e["ts"] >= 0 and e["ts"] + e["dur"] <= median * 1e6 + 1e-3 for e in kernels)
+        assert "<svg" in (tmp_path / f"trace.rank{rank}.svg").read_text()

@@ -254,6 +254,12 @@ def _add_simulation(parser: argparse.ArgumentParser) -> None:
         "flops}]}}}",
     )
     sim.add_argument(
+        "--timing_trace",
+        metavar="PATH",
+        help="with --simulate cuda: each rank writes its last whole step as a trace Perfetto and chrome://tracing "
+        "open (one track per stream; PATH.rankN.json per rank, or {rank} in PATH) and a picture of it (.svg)",
+    )
+    sim.add_argument(
         "--network",
         metavar="BANDWIDTH",
         help="with --simulate cuda: each GPU's NIC between nodes for the predicted step time, e.g. 400Gbps "

@@ -110,10 +110,11 @@ def _timing_env(args: argparse.Namespace) -> dict[str, str]:
         ("network", "ACCEL_SIM_NETWORK"),
         ("gpus_per_node", "ACCEL_SIM_GPUS_PER_NODE"),
         ("tokens_per_step", "ACCEL_SIM_TOKENS_PER_STEP"),
+        ("timing_trace", "ACCEL_SIM_TIMING_TRACE"),
     ):
         value = getattr(args, flag, None)
         if value is not None:
-            env[name] = str(value)
+            env[name] = os.path.abspath(value) if flag == "timing_trace" else str(value)
     path = getattr(args, "timing_report", None)
     if path:
         env["ACCEL_SIM_TIMING_REPORT"] = os.path.abspath(path)

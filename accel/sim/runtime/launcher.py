@@ -129,6 +129,14 @@ def report_timing() -> None:
     path = os.environ.get(report.REPORT_ENV)
     if path:
         report.write(path, rank)
+    traced = os.environ.get("ACCEL_SIM_TIMING_TRACE")
+    if traced:
+        from accel.sim.cuda.timing import clock, trace
+
+        running = clock.current()
+        written = trace.write(traced, running, rank, world_size) if running is not None else None
+        if written:
+            print(f"accel.sim: rank {rank}'s last step traced to {written} (and its picture, .svg)", flush=True)
 
 
 def resolve_check(check_collectives: bool | None) -> bool:

@@ -77,8 +77,10 @@ class Clock:
         self.host = 0.0
         #: (gpu, stream id) -> when the last kernel issued to it ends
         self.free: dict[tuple[int, Any], float] = {}
-        #: this step's kernels: (start, end, is a collective)
-        self.spans: list[tuple[float, float, bool]] = []
+        #: this step's kernels: (start, end, is a collective, name, (gpu, stream))
+        self.spans: list[tuple[float, float, bool, str, Any]] = []
+        #: the last whole step: (begin, end, its kernels), for a trace of it
+        self.last: tuple[float, float, list[tuple[float, float, bool, str, Any]]] | None = None
         self.flops = 0
         self.boundary: float | None = None  # GPU time at the last step's end
         self.steps: list[Step] = []
@@ -89,15 +91,17 @@ class Clock:
         free = self.free.get((gpu, stream), 0.0)
         return free if free > self.host else self.host
 
-    def launch(self, gpu: int, stream: Any, seconds: float, flops: int = 0, comm: bool = False) -> float:
-        """Issue a kernel of `seconds` on (gpu, stream); returns when it ends."""
+    def launch(
+        self, gpu: int, stream: Any, seconds: float, flops: int = 0, comm: bool = False, name: str = ""
+    ) -> float:
+        """Issue kernel `name` of `seconds` on (gpu, stream); returns when it ends."""
         key = (gpu, stream)
         free = self.free.get(key, 0.0)
         start = free if free > self.host else self.host
         end = start + seconds
         self.free[key] = end
         self.host += HOST_COLLECTIVE_S if comm else HOST_OP_S
-        self.spans.append((start, end, comm))
+        self.spans.append((start, end, comm, name, key))
         self.flops += flops
         return end
 
@@ -133,13 +137,14 @@ class Clock:
         end = max(self.drained(), self.boundary or 0.0)
         if self.boundary is not None:
             self.steps.append(self._account(self.boundary, end))
+            self.last = (self.boundary, end, self.spans)
         self.boundary = end
         self.spans = []
         self.flops = 0
 
     def _account(self, begin: float, end: float) -> Step:
-        compute = _union([(max(s, begin), e) for s, e, comm in self.spans if not comm and e > begin])
-        comms = _union([(max(s, begin), e) for s, e, comm in self.spans if comm and e > begin])
+        compute = _union([(max(s, begin), e) for s, e, comm, _, _ in self.spans if not comm and e > begin])
+        comms = _union([(max(s, begin), e) for s, e, comm, _, _ in self.spans if comm and e > begin])
         comm_s = sum(e - s for s, e in comms)
         return Step(
             time_s=end - begin,

@@ -28,6 +28,7 @@ NETWORK_ENV = "ACCEL_SIM_NETWORK"
 GPUS_PER_NODE_ENV = "ACCEL_SIM_GPUS_PER_NODE"
 
 _kinds: dict[Any, str | None] = {}
+_names: dict[Any, str] = {}
 _UNSEEN = "unseen"
 _COPIES = {aten._to_copy.default, aten.copy_.default}
 
@@ -44,24 +45,28 @@ def time_op(index: int, func: Any, args: Any, kwargs: dict, out: Any) -> None:
     kind = _kinds.get(func, _UNSEEN)
     if kind == _UNSEEN:
         kind = _kinds[func] = costs.kind_of(func)
+        _names[func] = func.name().split("::")[-1]
     if kind is None:
         clock.issue_only()
         return
     if func in _COPIES and _between_host_and_gpu(func, args, out):
         source = args[0] if func is aten._to_copy.default else args[1]
-        end = clock.launch(index, stream_of(index), costs.transfer(clock.card, costs.nbytes(source)))
+        way = "HtoD" if is_simulated_cuda(args[0] if func is aten.copy_.default else out) else "DtoH"
+        end = clock.launch(
+            index, stream_of(index), costs.transfer(clock.card, costs.nbytes(source)), name=f"memcpy {way}"
+        )
         if not (kwargs.get("non_blocking") or (len(args) > 2 and args[2])):
             clock.host_waits(end)  # a blocking copy: the host waits for it
         return
     seconds, flops = costs.duration(clock.card, func, kind, args, kwargs, out)
-    clock.launch(index, stream_of(index), seconds, flops)
+    clock.launch(index, stream_of(index), seconds, flops, name=_names[func])
 
 
 def fused_kernel(index: int, nbytes: int) -> None:
     """A kernel Inductor generates for a compiled region ran on GPU `index`, moving `nbytes` at its boundary."""
     if running:
         clock = running[0]
-        clock.launch(index, stream_of(index), costs.moved(clock.card, nbytes))
+        clock.launch(index, stream_of(index), costs.moved(clock.card, nbytes), name="fused kernel (compiled)")
 
 
 def _between_host_and_gpu(func: Any, args: Any, out: Any) -> bool:
@@ -105,7 +110,7 @@ def collective(name: str, nbytes: int, ranks: list[int] | int, group_key: Any, i
     channel = ("nccl", group_key)
     clock.wait(index, channel, clock.ready(index, stream))  # NCCL's stream waits for what was queued before
     seconds = collectives.seconds(name, nbytes, *_placement(ranks, links()))
-    return clock.launch(index, channel, seconds, comm=True)
+    return clock.launch(index, channel, seconds, comm=True, name=f"nccl {name}")
 
 
 def _placement(ranks: list[int] | int, links: collectives.Links) -> tuple[int, collectives.Links]:
