@@ -205,3 +205,21 @@ def test_a_compiled_chain_of_pointwise_ops_is_one_kernel_at_its_boundary(rank, w
     # eager: five kernels reading and writing 11 tensors of x's size; compiled: one reading x, writing the result
     assert eager == pytest.approx(costs.moved(clock.card, 11 * x.nbytes), rel=0.01)
     assert fused == pytest.approx(costs.moved(clock.card, 2 * x.nbytes), rel=0.01)
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_a_functional_collective_holds_the_stream_where_its_result_is_first_used(rank, world_size):
+    import torch.distributed._functional_collectives as funcol
+
+    from accel.sim.cuda.timing import collectives, ops
+
+    x = torch.full((8 << 20,), float(rank), device="cuda", dtype=torch.bfloat16)  # 16 MiB
+    torch.cuda.synchronize()
+    clock = _clock()
+    before = clock.ready(rank, 0)
+    gathered = funcol.all_gather_tensor(x, 0, dist.group.WORLD)  # DTensor's and tensor parallelism's call
+    expected = collectives.seconds("all_gather", x.nbytes * world_size, world_size, ops.links())
+    assert clock.ready(rank, 0) - before < expected / 2  # issued, not waited for: the stream goes on
+    first = gathered[:: 8 << 20] + 0  # the first use waits (AsyncCollectiveTensor's wait_tensor)
+    assert clock.ready(rank, 0) >= before + expected
+    assert first.cpu().tolist() == [float(r) for r in range(world_size)]

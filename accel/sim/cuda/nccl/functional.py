@@ -5,8 +5,9 @@ functional collectives: ops that take a tensor and a group name and return a new
 Their kernels would hand the group the CPU data under a simulated CUDA tensor, which the
 simulated NCCL group refuses as NCCL refuses a CPU tensor. Here each is carried out with
 the `torch.distributed` collective it stands for, on the simulated CUDA tensors themselves,
-so the group (and the simulator's collective check) sees what a GPU run gives it. Work is
-finished when it is issued, so `wait_tensor` has nothing to wait for.
+so the group (and the simulator's collective check) sees what a GPU run gives it. Values are
+computed when the op is issued; the collective's work is kept with its output until `wait_tensor`,
+where the waiting stream waits for it on the simulated clock (`accel.sim.cuda.timing`), as on a GPU.
 
 Installed once per simulated GPU rank (`accel.sim.cuda.fake.install`).
 """
@@ -23,10 +24,37 @@ from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
 from accel.sim.core import torch_internals
 from accel.sim.cuda.memory import report as memory_report
+from accel.sim.cuda.tensors.cuda_tensor import unwrap
 
 functional = torch.ops._c10d_functional
 
 memory_report.collective_source(__file__)  # the buffers this module's code makes are collective buffers
+
+
+#: a functional collective's output storage -> its work, until `wait_tensor` on it (or on a view of it, as
+#: c10d finds the work by the tensor's storage) waits; works never waited on are let go, oldest first
+_pending: dict[int, Any] = {}
+_PENDING_KEPT = 4096
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return unwrap(tensor).untyped_storage()._cdata
+
+
+def _issued(out: torch.Tensor, work: Any) -> torch.Tensor:
+    """`out` of a collective issued as `work`: waited on where the program waits for it (`_wait`)."""
+    if work is not None:
+        _pending[_storage_key(out)] = work
+        if len(_pending) > _PENDING_KEPT:
+            del _pending[next(iter(_pending))]
+    return out
+
+
+def _wait(tensor: torch.Tensor) -> torch.Tensor:
+    work = _pending.pop(_storage_key(tensor), None) if _pending else None
+    if work is not None:
+        work.wait()
+    return tensor
 
 
 def _op(name: str) -> dist.ReduceOp:
@@ -42,16 +70,14 @@ def _group(name: Any) -> Any:
 
 
 def _all_reduce_(tensor: torch.Tensor, op: str, group: Any) -> torch.Tensor:
-    dist.all_reduce(tensor, op=_op(op), group=_group(group))
-    return tensor
+    return _issued(tensor, dist.all_reduce(tensor, op=_op(op), group=_group(group), async_op=True))
 
 
 def _all_gather(tensor: torch.Tensor, size: int, group: Any, out: torch.Tensor | None = None) -> torch.Tensor:
     tensor = tensor.contiguous()
     if out is None:
         out = tensor.new_empty((tensor.size(0) * size, *tensor.shape[1:]))
-    dist.all_gather_single(out, tensor, group=_group(group))
-    return out
+    return _issued(out, dist.all_gather_single(out, tensor, group=_group(group), async_op=True))
 
 
 def _reduce_scatter(
@@ -71,23 +97,21 @@ def _reduce_scatter(
         if not dist.supports_complex(reduce_op):
             raise ValueError(f"reduce_scatter_tensor does not support {reduce_op} on complex tensors")
         real_out, real_in = torch.view_as_real(out), torch.view_as_real(tensor)
-        dist.reduce_scatter_single(real_out, real_in, op=reduce_op, group=_group(group))
-        return out
-    dist.reduce_scatter_single(out, tensor, op=reduce_op, group=_group(group))
-    return out
+        work = dist.reduce_scatter_single(real_out, real_in, op=reduce_op, group=_group(group), async_op=True)
+        return _issued(out, work)
+    return _issued(out, dist.reduce_scatter_single(out, tensor, op=reduce_op, group=_group(group), async_op=True))
 
 
 def _all_to_all(tensor: torch.Tensor, out_splits: list, in_splits: list, group: Any) -> torch.Tensor:
     tensor = tensor.contiguous()
     rows = sum(out_splits) if out_splits else tensor.size(0)
     out = tensor.new_empty((rows, *tensor.shape[1:]))
-    dist.all_to_all_single(out, tensor, list(out_splits) or None, list(in_splits) or None, group=_group(group))
-    return out
+    splits = (list(out_splits) or None, list(in_splits) or None)
+    return _issued(out, dist.all_to_all_single(out, tensor, *splits, group=_group(group), async_op=True))
 
 
 def _broadcast_(tensor: torch.Tensor, src: int, group: Any) -> torch.Tensor:
-    dist.broadcast(tensor, group_src=src, group=_group(group))
-    return tensor
+    return _issued(tensor, dist.broadcast(tensor, group_src=src, group=_group(group), async_op=True))
 
 
 def _shard_dim_alltoall(tensor: torch.Tensor, gather_dim: int, shard_dim: int, group: Any) -> torch.Tensor:
@@ -132,7 +156,7 @@ def handlers() -> dict[Any, Callable[[tuple, dict], Any]]:
         functional.all_to_all_single.default: lambda a, k: _all_to_all(a[0], a[1], a[2], a[3]),
         functional.broadcast.default: lambda a, k: _broadcast_(_copy(a[0]), a[1], a[2]),
         functional.broadcast_.default: lambda a, k: _broadcast_(a[0], a[1], a[2]),
-        functional.wait_tensor.default: lambda a, k: a[0],  # finished when issued
+        functional.wait_tensor.default: lambda a, k: _wait(a[0]),  # computed when issued; waited on the clock
         # funcol wraps each result for a later wait, as on a GPU (`redistribute(async_op=True)` gives one); made
         # around the simulated CUDA tensor itself: made on the inner CPU tensor, that wrapper (a tensor without
         # storage) would become the data of the simulated CUDA tensor
