@@ -8,7 +8,7 @@ simulated GPU rank: each kernel and collective timed) and off, `--rounds` times,
 same load; the ratio of each pair is reported (median and range over pairs and ranks), first with
 values, then with `shapes_only=True` (the mode plans run in), and the predicted step it gave.
 
-    python benchmarks/bench_sim_clock.py [--ranks 2] [--width 512] [--layers 4] [--batch 8] [--seq 256]
+    python benchmarks/bench_sim_clock.py [--ranks 2] [--width 256] [--layers 2] [--batch 4] [--seq 128]
 """
 
 from __future__ import annotations
@@ -76,12 +76,12 @@ def _report(what: str, results: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     from accel.sim import launch
 
