@@ -594,10 +594,22 @@ def _timed_special(cls: type[WrapperTensor], special: Any, func: Any, args: tupl
         _inside[-1][0] = True
     if frame[0] or _tracing:
         return out
-    device = op_device(cls, func, args, kwargs)
-    if device is not None and device.type == cls._sim.type:
+    device = _first_device(cls, args, out)  # the handler checked the devices; the op ran on its tensors' GPU
+    if device is not None:
         cls._sim.time_op(device.index or 0, func, args, kwargs, out)
     return out
+
+
+def _first_device(cls: type[WrapperTensor], args: tuple, out: Any) -> torch.device | None:
+    """The device of the first `cls` tensor among `args` (one level into lists), else of the result."""
+    for value in (*args, out):
+        if type(value) is cls:
+            return value._shown
+        if type(value) is list or type(value) is tuple:
+            for item in value:
+                if type(item) is cls:
+                    return item._shown
+    return None
 
 
 def tracing(active: bool) -> None:
