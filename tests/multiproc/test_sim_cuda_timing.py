@@ -94,6 +94,11 @@ def test_the_host_runs_ahead_and_waits_where_a_gpu_host_waits(rank, world_size):
         a @ a
     torch.cuda.synchronize()
     assert clock.host >= clock.drained(rank)
+    for _ in range(5):
+        a @ a
+    assert clock.host < clock.drained(rank)
+    torch.accelerator.synchronize()
+    assert clock.host >= clock.drained(rank)
 
 
 @distributed_test(world_size=SIZES, device="cuda")

@@ -24,6 +24,7 @@ from torch.distributed import distributed_c10d
 
 from accel.sim.core import torch_internals
 from accel.sim.cuda.gpus import state as cuda_state
+from accel.sim.cuda.timing import ops as timing
 from accel.sim.cuda.torch_cuda import streams
 
 CUDA = torch.device("cuda")
@@ -61,7 +62,7 @@ def answers() -> dict[str, Any]:
         "_accelerator_setDeviceIndex": lambda index: torch.cuda.set_device(index),
         "_accelerator_exchangeDevice": _exchange,
         "_accelerator_maybeExchangeDevice": _exchange,
-        "_accelerator_synchronizeDevice": lambda index: None,  # work is done when issued
+        "_accelerator_synchronizeDevice": timing.synchronize,  # work is computed when issued; the clock waits
         "_accelerator_getStream": lambda index: streams.current_stream(index),
         "_accelerator_setStream": streams.set_stream,
         "_accelerator_getDeviceCapability": lambda index: {"supported_dtypes": _supported_dtypes()},
