@@ -15,6 +15,6 @@ line (checked by tests/test_import_cycles.py), which makes this order, lowest fi
   "nccl" process group with functional collectives, DataParallel's copies and stand-in ranks;
 * `torch_cuda`: what `torch.cuda` and `torch.accelerator` answer (properties and memory counters,
   streams and events, profiler, determinism, JIT-built extensions);
-* `timing`: the clock and cost model of predicted step times (to come);
+* `timing`: the clock and cost model of predicted step times (kernels, collectives, steps, reports);
 * `fake` (wires every room into a rank) and `rank` (what the runtime asks of a simulated GPU rank).
 """

@@ -1,5 +1,7 @@
 """How long a step takes on the simulated card: the clock per simulated GPU and the cost of kernels
-and collectives (issue 36, to come; nothing lives here yet).
+and collectives. Here: the clock of streams and host (`clock`), kernels' durations (`costs`), NCCL's
+collectives (`collectives`), what the clock hears of ops, waits and steps (`ops`), the end-of-run line
+and JSON report (`report`), a step's trace and picture (`trace`), the options read without torch (`units`).
 
 Kernels' durations from their FLOPs and bytes against the card's peaks (the card table in `gpus`),
 collectives' from NCCL's algorithms over the links they cross, on the streams they were issued on.
