@@ -111,18 +111,22 @@ def test_waits(rank):
 
 def _start_hanging_session(pytester):
     pytester.makepyfile(test_h_waits=HANGING_TEST)
+    # the session's output goes to a file: a pipe nobody reads fills up with what an interrupted session
+    # prints (its report, the ranks' stacks) and holds the session in its write, as if it never stopped
+    log = (pytester.path / "session.log").open("wb")
     process = subprocess.Popen(
         [sys.executable, "-m", "pytest", *NO_HYPOTHESIS, "-q", "-p", "no:cacheprovider", "test_h_waits.py"],
         cwd=pytester.path,
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
     )
+    log.close()
     markers = [pytester.path / f"rank{rank}.pids" for rank in (0, 1)]
     deadline = time.monotonic() + 120
     while not all(marker.exists() and marker.read_text() for marker in markers):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            pytest.fail(f"the ranks never started:\n{process.stdout.read().decode()}")
+            pytest.fail(f"the ranks never started:\n{(pytester.path / 'session.log').read_text()}")
         time.sleep(0.05)
     pids = [marker.read_text().split() for marker in markers]
     return process, {int(rank) for rank, _ in pids}, {int(parent) for _, parent in pids}
@@ -142,6 +146,10 @@ def test_nothing_is_left_running_when_the_session_is_interrupted_or_killed(pytes
         # a few seconds on a quiet machine; CI's second step runs this beside whole framework launches, under
         # which 30 s was seen to pass by (a session that never stops still fails here)
         process.wait(90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(
+            f"the session did not stop within 90 s; its output:\n{(pytester.path / 'session.log').read_text()[-4000:]}"
+        )
     finally:
         if process.poll() is None:
             process.kill()
