@@ -198,7 +198,7 @@ class WrapperTensor(torch.Tensor):
             if device is not None:
                 index = device.index or 0
                 out = sim.draw(index, func, inner_args, {}) if facts[1] else func(*inner_args)
-                if sim.timing and not _inside:
+                if sim.timing and not _inside and not _tracing:
                     sim.time_op(index, func, inner_args, {}, out)
                 if facts[2]:  # written into an argument (add_, ...): that very wrapper comes back
                     seen = {id(value._inner): value for value in args if type(value) is cls}
@@ -537,7 +537,7 @@ def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict, *, 
         args, kwargs = _adopt_fakes(cls, args), _adopt_fakes(cls, kwargs)
     sim = cls._sim
     if special is not None and apart:
-        if not sim.timing:
+        if not sim.timing or _tracing:
             return special(args, kwargs)
         return _timed_special(cls, special, func, args, kwargs)
     device = op_device(cls, func, args, kwargs)
@@ -563,7 +563,7 @@ def dispatch(cls: type[WrapperTensor], func: Any, args: tuple, kwargs: dict, *, 
     if device is None or device.type != sim.type:
         return func(*inner_args, **inner_kwargs)  # a CPU result was asked for
     out = sim.draw(device.index or 0, func, inner_args, inner_kwargs) if seeded else func(*inner_args, **inner_kwargs)
-    if sim.timing and not _inside:
+    if sim.timing and not _inside and not _tracing:  # (Dynamo's fake tensors launch nothing)
         sim.time_op(device.index or 0, func, inner_args, inner_kwargs, out)
     if reshapes:
         for wrapper in seen.values():
