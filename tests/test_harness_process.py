@@ -109,6 +109,20 @@ def test_waits(rank):
 """
 
 
+def _as_from_a_terminal():
+    # A session started from a shell takes Ctrl-C; one started here inherits this worker's disposition and
+    # signal mask, which an earlier test of the worker may have left ignoring or blocking SIGINT (Python then
+    # installs no KeyboardInterrupt handler, and the session would never stop on Ctrl-C).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _worker_sigint():
+    """How this worker takes SIGINT now (shown when a session does not stop)."""
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    return f"this worker's SIGINT handler {signal.getsignal(signal.SIGINT)!r}, blocked: {blocked}"
+
+
 def _start_hanging_session(pytester):
     pytester.makepyfile(test_h_waits=HANGING_TEST)
     # the session's output goes to a file: a pipe nobody reads fills up with what an interrupted session
@@ -119,6 +133,7 @@ def _start_hanging_session(pytester):
         cwd=pytester.path,
         stdout=log,
         stderr=subprocess.STDOUT,
+        preexec_fn=_as_from_a_terminal,
     )
     log.close()
     markers = [pytester.path / f"rank{rank}.pids" for rank in (0, 1)]
@@ -148,7 +163,8 @@ def test_nothing_is_left_running_when_the_session_is_interrupted_or_killed(pytes
         process.wait(90)
     except subprocess.TimeoutExpired:
         pytest.fail(
-            f"the session did not stop within 90 s; its output:\n{(pytester.path / 'session.log').read_text()[-4000:]}"
+            f"the session did not stop within 90 s ({_worker_sigint()}); its output:\n"
+            f"{(pytester.path / 'session.log').read_text()[-4000:]}"
         )
     finally:
         if process.poll() is None:
