@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,7 @@ def distributed_test(
     gpu: str | None = None,
     report_memory: bool = False,
     shapes_only: bool = False,
+    timing_report: str | os.PathLike[str] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Run the decorated test's body on `world_size` simulated ranks of `device`.
 
@@ -85,17 +87,21 @@ def distributed_test(
     `report_memory=True`: each rank prints its GPUs' peak memory after the body (shown with
     the test's output: ``pytest -rP`` or ``-s``). `shapes_only=True`: the simulated GPUs hold
     shapes, not data (`accel.sim.cuda.gpus.shapes`): memory and out-of-memory without the compute.
+    `timing_report=PATH` (``device="cuda"``): after the body each rank prints its predicted step time and
+    puts its steps in the JSON file PATH, replacing its own entry there, as ``ACCEL_SIM_TIMING_REPORT``
+    does (`accel.sim.cuda.timing.report`); a test run again rewrites them, entries of ranks it lacks stay.
     """
     from accel.sim.diagnoses.faults import as_faults
 
     injected = as_faults(list(faults))
     world_sizes, devices = _checked_options(world_size, device, timeout, check_collectives, gpu, shapes_only)
+    timing = _checked_timing_report(timing_report, devices)
     mark = _distributed_mark(world_size, device, timeout, isolated, check_collectives, injected)
 
     def decorate(body: Callable[..., Any]) -> Callable[..., Any]:
         signature = _checked_signature(body)
         spec = DistributedSpec(
-            body=_with_gpu_options(body, gpu, report_memory, shapes_only),
+            body=_with_gpu_options(body, gpu, report_memory, shapes_only, timing),
             params=tuple(signature.parameters),
             world_sizes=world_sizes,
             devices=devices,
@@ -169,6 +175,18 @@ def _checked_options(
     return world_sizes, devices
 
 
+def _checked_timing_report(path: str | os.PathLike[str] | None, devices: tuple[str, ...]) -> str | None:
+    """The timing report's absolute path (None: none asked), once it is known to apply to `devices`."""
+    if path is None:
+        return None
+    from accel.sim.runtime.launcher import check_timing_report
+
+    try:
+        return check_timing_report(path, devices)
+    except ValueError as error:
+        raise ValueError(f"@distributed_test: {error}") from None
+
+
 def _checked_signature(body: Callable[..., Any]) -> inspect.Signature:
     """The signature of a test body the ranks can call: a plain function naming each fixture it takes."""
     if not inspect.isfunction(body):
@@ -213,19 +231,19 @@ def _stand_in(body: Callable[..., Any], signature: inspect.Signature) -> Callabl
 
 
 def _with_gpu_options(
-    body: Callable[..., Any], gpu: str | None, report_memory: bool, shapes_only: bool
+    body: Callable[..., Any], gpu: str | None, report_memory: bool, shapes_only: bool, timing_report: str | None
 ) -> Callable[..., Any]:
     """`body` as the ranks run it: itself, or on simulated GPUs when the decorator asks for a card,
-    a memory report or shapes only."""
-    if gpu is None and not report_memory and not shapes_only:
+    a memory report, shapes only or a timing report."""
+    if gpu is None and not report_memory and not shapes_only and timing_report is None:
         return body
     from accel.sim.runtime.launcher import GpuOptions
 
-    return _on_gpu(body, GpuOptions(gpu, bool(report_memory), bool(shapes_only)))
+    return _on_gpu(body, GpuOptions(gpu, bool(report_memory), bool(shapes_only), timing_report))
 
 
 def _on_gpu(body: Callable[..., Any], options: GpuOptions) -> Callable[..., Any]:
-    """`body`, run on simulated GPUs as `options` say (the card, a peak report, shapes only)."""
+    """`body`, run on simulated GPUs as `options` say (the card, a peak report, shapes only, a timing report)."""
     from accel.sim.runtime.launcher import on_gpu
 
     @functools.wraps(body)

@@ -99,6 +99,7 @@ def check_args(args: argparse.Namespace) -> None:
             ("--network", getattr(args, "network", None) is not None),
             ("--gpus_per_node", getattr(args, "gpus_per_node", None) is not None),
             ("--tokens_per_step", getattr(args, "tokens_per_step", None) is not None),
+            ("--clock", getattr(args, "clock", None) is not None),
         ):
             if given and args.simulate != "cuda":
                 raise ValueError(f"{flag} is about simulated GPUs: use it with --simulate cuda, not {args.simulate}")
@@ -122,6 +123,7 @@ def check_args(args: argparse.Namespace) -> None:
             ("--network", getattr(args, "network", None)),
             ("--gpus_per_node", getattr(args, "gpus_per_node", None)),
             ("--tokens_per_step", getattr(args, "tokens_per_step", None)),
+            ("--clock", getattr(args, "clock", None)),
         ):
             if value:
                 raise ValueError(f"{flag} applies to simulated runs only; add --simulate cpu|cuda|xla")
@@ -137,6 +139,25 @@ def _check_timing_args(args: argparse.Namespace) -> None:
         value = getattr(args, flag, None)
         if value is not None and value <= 0:
             raise ValueError(f"--{flag} must be a positive number, got {value}")
+    _check_clock(args)
+
+
+def _check_clock(args: argparse.Namespace) -> None:
+    """`--clock gpu` and `--clock host` run the simulated clock, which ``ACCEL_SIM_CLOCK=off`` in this environment
+    stops (a contradiction, refused rather than settled silently); the options that report on it need it too."""
+    from accel.sim.cuda.timing import pyclock
+
+    chosen = getattr(args, "clock", None)
+    inherited = os.environ.get(pyclock.clocks.CLOCK_ENV)
+    if chosen not in (None, pyclock.OFF) and inherited is not None and pyclock.mode(inherited) == pyclock.OFF:
+        raise ValueError(
+            f"--clock {chosen} runs the simulated clock, which {pyclock.clocks.CLOCK_ENV}={inherited} stops: "
+            f"unset {pyclock.clocks.CLOCK_ENV} or drop --clock {chosen}"
+        )
+    if chosen == pyclock.OFF:
+        for flag in ("timing_report", "timing_trace", "tokens_per_step"):
+            if getattr(args, flag, None) is not None:
+                raise ValueError(f"--{flag} reports on the simulated clock, which --clock off stops: drop one of them")
 
 
 def run(args: argparse.Namespace) -> int:

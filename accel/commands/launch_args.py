@@ -278,6 +278,13 @@ def _add_simulation(parser: argparse.ArgumentParser) -> None:
         help="with --simulate cuda: the tokens one training step holds over all ranks, for tokens/s per GPU",
     )
     sim.add_argument(
+        "--clock",
+        choices=("host", "gpu", "off"),
+        help="with --simulate cuda: what the script's time.perf_counter, time.monotonic and time.time read: host "
+        "(this machine's time, the default), gpu (the simulated GPU host's predicted time, so that the script's own "
+        "throughput log prints predicted figures), off (no simulated clock: no predicted step times)",
+    )
+    sim.add_argument(
         "--local_ranks_filter",
         "--local-ranks-filter",
         dest="local_ranks_filter",

@@ -103,14 +103,15 @@ def simulate(args: argparse.Namespace, env: dict[str, str]) -> int:
 
 
 def _timing_env(args: argparse.Namespace) -> dict[str, str]:
-    """What the ranks' clocks are told: the network, GPUs per node, tokens per step, the report's path (removed
-    here first: the ranks of this run add themselves to it)."""
+    """What the ranks' clocks are told: the network, GPUs per node, tokens per step, what Python's clocks read
+    (`--clock`), the report's path (removed here first: the ranks of this run add themselves to it)."""
     env = {}
     for flag, name in (
         ("network", "ACCEL_SIM_NETWORK"),
         ("gpus_per_node", "ACCEL_SIM_GPUS_PER_NODE"),
         ("tokens_per_step", "ACCEL_SIM_TOKENS_PER_STEP"),
         ("timing_trace", "ACCEL_SIM_TIMING_TRACE"),
+        ("clock", "ACCEL_SIM_CLOCK"),
     ):
         value = getattr(args, flag, None)
         if value is not None:

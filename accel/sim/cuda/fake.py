@@ -64,6 +64,7 @@ from accel.sim.cuda.tensors import cuda_tensor, sync_debug
 from accel.sim.cuda.tensors import factories as cuda_kernels
 from accel.sim.cuda.timing import clock as timing_clock
 from accel.sim.cuda.timing import ops as timing
+from accel.sim.cuda.timing import pyclock
 from accel.sim.cuda.torch_cuda import accelerator as cuda_accelerator
 from accel.sim.cuda.torch_cuda import determinism
 from accel.sim.cuda.torch_cuda import entry_points as cuda_entry_points
@@ -458,6 +459,7 @@ def _on_cuda_start(gpus: cuda_state.SimGpus) -> None:
     torch.cuda.default_generators = tuple(gpus.generators)  # type: ignore[assignment]  # as torch's CUDA start fills them
     cuda_shapes.configure()
     timing_clock.start(gpu_models.resolve())  # simulated time starts with CUDA
+    pyclock.configure()  # and Python's clocks follow it, where ACCEL_SIM_CLOCK=gpu asks
     if os.environ.get(cuda_properties.MEMORY_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         cuda_memory.uninstall()
         return
@@ -475,6 +477,7 @@ def reset(local_rank: int | None = None, fresh: bool = False) -> None:
     cuda_autocast.reset()
     sync_debug.set_sync_debug_mode(0)
     torch.use_deterministic_algorithms(False)  # as a new process starts (a test may have left it on)
+    pyclock.restore()  # the next task's ACCEL_SIM_CLOCK decides again, when CUDA starts in it
 
 
 # -- the backend ------------------------------------------------------------------------------------------

@@ -49,7 +49,6 @@ import os
 import platform
 import sys
 import threading
-import time
 import zlib
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -58,6 +57,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from accel.sim import real_time
 from accel.sim.core import torch_internals
 from accel.sim.diagnoses import faults
 from accel.sim.diagnoses.deadlock import BOARD_SIZE, board_path, ranges
@@ -197,7 +197,7 @@ class _Exchange:
     def collect(self, peers: list[int], task: int, channel: str, seq: int, timeout: float) -> dict[int, str] | None:
         """Each peer's signature of collective `seq` of `channel` (waiting for them); None at the timeout."""
         found: dict[int, str] = {}
-        deadline = time.monotonic() + timeout
+        deadline = real_time.monotonic() + timeout
         for peer in peers:
             while True:
                 generation = self._words[peer].value
@@ -205,7 +205,7 @@ class _Exchange:
                 if value is not None:
                     found[peer] = value
                     break
-                left = deadline - time.monotonic()
+                left = deadline - real_time.monotonic()
                 if left <= 0:
                     return None
                 wait = min(left, _WAIT_SLICE)

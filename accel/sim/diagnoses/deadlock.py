@@ -23,8 +23,9 @@ import importlib.util
 import json
 import os
 import re
-import time
 from typing import Any
+
+from accel.sim import real_time
 
 #: seconds the ranks must stay waiting, unchanged, before they are called deadlocked
 SETTLE = 0.3
@@ -83,7 +84,7 @@ class Watch:
             self._seen = None
             return {}
         snapshot = {rank: board.get("call", 0) for rank, board in waiting.items()}
-        now = time.monotonic()
+        now = real_time.monotonic()
         if snapshot != self._seen:
             self._seen, self._since = snapshot, now
             return {}

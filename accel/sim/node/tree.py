@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from accel.sim import real_time
+
 #: the folder of the node this process is on (inherited by the processes it starts)
 NODE_ENV = "ACCEL_SIM_NODE"
 #: seconds a leftover process has to end after SIGTERM before it is killed
@@ -118,8 +120,8 @@ def stop(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE
-    while pids and time.monotonic() < deadline:
+    deadline = real_time.monotonic() + GRACE
+    while pids and real_time.monotonic() < deadline:
         pids = [pid for pid in pids if _alive(pid)]
         time.sleep(0.05)
     for pid in pids:

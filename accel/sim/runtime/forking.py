@@ -38,6 +38,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from accel.sim import real_time
 from accel.sim.diagnoses import stacks
 from accel.sim.runtime import entry
 
@@ -315,9 +316,9 @@ def end_session(timeout: float = 10.0) -> None:
     session, plan = _session, _server_plan
     _session, _server_plan = None, None
     session.close()  # it kills its ranks still running, then exits
-    deadline = time.monotonic() + timeout
+    deadline = real_time.monotonic() + timeout
     while os.waitpid(session.server_pid, os.WNOHANG) == (0, 0):
-        if time.monotonic() > deadline:
+        if real_time.monotonic() > deadline:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(session.server_pid, 9)
             os.waitpid(session.server_pid, 0)
@@ -534,13 +535,13 @@ def _try_connect(path: str) -> socket.socket | None:
 def _locked(path: str) -> Any:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        deadline = time.monotonic() + SERVER_TIMEOUT
+        deadline = real_time.monotonic() + SERVER_TIMEOUT
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:
+                if real_time.monotonic() > deadline:
                     raise RuntimeError(f"waited {SERVER_TIMEOUT:g} s for the lock {path}") from None
                 time.sleep(0.01)
         yield
@@ -617,10 +618,10 @@ def reap_detached(timeout: float = 2.0) -> None:
     A Popen object collected before its process was reaped says "subprocess N is still running" even when the
     process has ended; reaped here, it says nothing, and none is left a zombie of this process.
     """
-    deadline = time.monotonic() + timeout
+    deadline = real_time.monotonic() + timeout
     for proc in _detached:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(max(deadline - time.monotonic(), 0.0))
+            proc.wait(max(deadline - real_time.monotonic(), 0.0))
     _detached[:] = [proc for proc in _detached if proc.returncode is None]
 
 

@@ -26,6 +26,9 @@ from accel.sim.runtime import pool as pools
 from accel.sim.runtime import serialize
 from accel.sim.runtime.messages import Status
 
+#: ``ACCEL_SIM_TIMING_REPORT`` (`accel.sim.cuda.timing.report`, which imports torch: not imported here)
+TIMING_REPORT_ENV = "ACCEL_SIM_TIMING_REPORT"
+
 #: environment knob: "0" (or false/no/off) turns the collective check off where the
 #: caller does not say (`check_collectives=None`)
 CHECK_ENV = "ACCEL_SIM_CHECK_COLLECTIVES"
@@ -67,11 +70,26 @@ def check_options(world_size: int, device: str, timeout: float | None, real_devi
 @dataclasses.dataclass(frozen=True)
 class GpuOptions:
     """What the simulated GPUs of a call are: the card (None: as configured), a memory report (True, or the
-    path of its picture), shapes only."""
+    path of its picture), shapes only, the JSON timing report's absolute path (None: none)."""
 
     gpu: str | None = None
     report_memory: bool | str = False
     shapes_only: bool = False
+    timing_report: str | None = None
+
+
+def check_timing_report(path: str | os.PathLike[str], device: str | Sequence[str], real_device: bool = False) -> str:
+    """The timing report's absolute path, once it is known to apply (simulated GPUs) and to be writable there."""
+    devices = (device,) if isinstance(device, str) else tuple(device)
+    if real_device or "cuda" not in devices:
+        raise ValueError(
+            f"timing_report={os.fspath(path)!r} holds the simulated GPUs' predicted step times: it needs "
+            f"device='cuda' (simulated), got {device!r}"
+        )
+    absolute = os.path.abspath(os.fspath(path))
+    if not os.path.isdir(os.path.dirname(absolute)):
+        raise ValueError(f"timing_report={os.fspath(path)!r}: no folder {os.path.dirname(absolute)!r} to write it in")
+    return absolute
 
 
 def check_gpu(gpu: str, device: str | Sequence[str], real_device: bool = False) -> None:
@@ -87,9 +105,12 @@ def check_gpu(gpu: str, device: str | Sequence[str], real_device: bool = False) 
 def on_gpu(options: GpuOptions, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """In a rank: `fn(*args, **kwargs)` on simulated GPUs as `options` say.
 
-    The card and shapes-only are read when CUDA starts in the rank; the rank's environment
-    is put back after the call. With `report_memory`, what uses each simulated GPU's memory is
-    followed (`accel.sim.cuda.memory.report`) and its peak printed once `fn` returned.
+    The card and shapes-only are read when CUDA starts in the rank (the clock starts again then:
+    the timing report holds the steps of this call); the rank's environment is put back after the
+    call. With `report_memory`, what uses each simulated GPU's memory is followed
+    (`accel.sim.cuda.memory.report`) and its peak printed once `fn` returned. With `timing_report`,
+    the rank prints its predicted step and adds its steps to that JSON file, as
+    ``ACCEL_SIM_TIMING_REPORT`` has it do at the end of a script, also when `fn` raised.
     """
     if options.gpu is not None:
         os.environ[gpu_models.GPU_ENV] = options.gpu
@@ -97,10 +118,16 @@ def on_gpu(options: GpuOptions, fn: Callable[..., Any], *args: Any, **kwargs: An
         os.environ[REPORT_ENV] = options.report_memory if isinstance(options.report_memory, str) else "1"
     if options.shapes_only:
         os.environ["ACCEL_SIM_SHAPES_ONLY"] = "1"
+    if options.timing_report:
+        os.environ[TIMING_REPORT_ENV] = options.timing_report
     fake_cuda = sys.modules.get("accel.sim.cuda.fake")  # loaded in simulated GPU ranks only
     if fake_cuda is not None:
         fake_cuda.reconfigure()  # the rank's set-up may have started CUDA before this call
-    result = fn(*args, **kwargs)
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        if options.timing_report:
+            report_timing()
     if options.report_memory:
         report_peak_memory()
     return result
@@ -252,6 +279,7 @@ def launch(
     report_memory: bool | str = False,
     shapes_only: bool = False,
     only_ranks: str | Iterable[int] | None = None,
+    timing_report: str | os.PathLike[str] | None = None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on `world_size` simulated ranks; the list of their return values.
 
@@ -286,10 +314,16 @@ def launch(
     GPUs hold shapes, not data (`accel.sim.cuda.gpus.shapes`): whether a step fits on the card, and its peak memory,
     without computing it. `only_ranks` (with `shapes_only`; "0,63", "0-3" or ints) runs only those ranks of the world,
     each standing in for the ranks after it (`accel.sim.runtime.stand_in`); the values of those ranks, in order.
+    `timing_report` (a path, with ``device="cuda"``): each rank prints its predicted step time when `fn` returns and
+    adds its steps (between returns of the first optimizer's `step()`) to that JSON file, as ``ACCEL_SIM_TIMING_REPORT``
+    does for a script (`accel.sim.cuda.timing.report`); a file left by an earlier run is removed first.
     """
     check_options(world_size, device, timeout, real_device)
     stand_in = _stand_in_plan(world_size, only_ranks, shapes_only, faults)
-    payload = _payload(fn, args, kwargs, device, real_device, gpu, report_memory, shapes_only)
+    options = _gpu_options(device, real_device, gpu, report_memory, shapes_only, timing_report)
+    if options is not None and options.timing_report:
+        _remove_stale_report(options.timing_report)
+    payload = _payload(fn, args, kwargs, options)
     outcomes = _run_on_ranks(
         payload, stand_in, world_size, device, timeout, isolated, real_device, check_collectives, faults
     )
@@ -308,26 +342,38 @@ def _stand_in_plan(
     return stand_ins.plan(world_size, only_ranks, shapes_only, faults)
 
 
-def _payload(
-    fn: Callable[..., Any],
-    args: tuple,
-    kwargs: dict[str, Any] | None,
+def _gpu_options(
     device: str,
     real_device: bool,
     gpu: str | None,
     report_memory: bool | str,
     shapes_only: bool,
-) -> bytes:
-    """The call the ranks make, serialised: ``fn(*args, **kwargs)``, run by `on_gpu` when a card, a memory
-    report or shapes only are asked for (checked first: the card exists, the report's path can be written)."""
+    timing_report: str | os.PathLike[str] | None,
+) -> GpuOptions | None:
+    """What the call asks of the simulated GPUs (None: nothing), checked first: the card exists, the reports'
+    paths can be written, and each option applies to `device`."""
     if gpu is not None or shapes_only:
         check_gpu(gpu or "", device, real_device)
     if isinstance(report_memory, str):
         check_report_path(report_memory)
-    if gpu is not None or report_memory or shapes_only:
-        options = GpuOptions(
-            gpu, report_memory if isinstance(report_memory, str) else bool(report_memory), bool(shapes_only)
-        )
+    timing = check_timing_report(timing_report, device, real_device) if timing_report is not None else None
+    if gpu is None and not report_memory and not shapes_only and timing is None:
+        return None
+    memory = report_memory if isinstance(report_memory, str) else bool(report_memory)
+    return GpuOptions(gpu, memory, bool(shapes_only), timing)
+
+
+def _remove_stale_report(path: str) -> None:
+    """The ranks add themselves to the timing report: a file (and its lock) of an earlier run goes first."""
+    for stale in (path, path + ".lock"):
+        if os.path.exists(stale):
+            os.remove(stale)
+
+
+def _payload(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any] | None, options: GpuOptions | None) -> bytes:
+    """The call the ranks make, serialised: ``fn(*args, **kwargs)``, run by `on_gpu` when `options` ask
+    something of the simulated GPUs."""
+    if options is not None:
         fn, args = on_gpu, (options, fn, *args)
     return serialize.dumps_call(fn, args, kwargs or {})
 

@@ -39,6 +39,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from accel.sim import real_time
 from accel.sim.diagnoses import deadlock, guard, stacks
 from accel.sim.diagnoses.failures import DistributedFailure, RankFailure
 from accel.sim.runtime import coverage_support, forking, output
@@ -131,7 +132,7 @@ class RankPool:
             self._outputs = [
                 [self._open_output(rank, "out"), self._open_output(rank, "err")] for rank in range(self.world_size)
             ]
-            self._handshake(time.monotonic() + timeout)
+            self._handshake(real_time.monotonic() + timeout)
         except BaseException:
             self.kill()
             raise
@@ -152,7 +153,7 @@ class RankPool:
         """
         ready: set[int] = set()
         while len(ready) < self.world_size:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - real_time.monotonic()
             if remaining <= 0:
                 waiting = [rank for rank in range(self.world_size) if rank not in ready]
                 dumped = self._dump_stacks(waiting)
@@ -208,9 +209,9 @@ class RankPool:
         for conn in self._conns:
             with contextlib.suppress(OSError):  # that rank is gone already
                 conn.send_bytes(stop)
-        deadline = time.monotonic() + 2.0
+        deadline = real_time.monotonic() + 2.0
         for proc in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
+            proc.join(max(0.0, deadline - real_time.monotonic()))
         self.kill()
 
     def kill(self) -> None:
@@ -263,7 +264,7 @@ class RankPool:
         if not self.healthy:
             raise RuntimeError("this rank pool is not running; start a new one")
         self._send_task(payload, check_collectives, faults)
-        deadline = time.monotonic() + timeout if timeout is not None else float("inf")
+        deadline = real_time.monotonic() + timeout if timeout is not None else float("inf")
         outcomes, stuck, stop_at = self._await_outcomes(deadline, grace)
         left = [rank for rank in range(self.world_size) if rank not in outcomes]
         if left:
@@ -295,7 +296,7 @@ class RankPool:
         stuck: dict[int, dict[str, Any]] = {}
         while len(outcomes) < self.world_size:
             limit = deadline if stop_at is None else min(deadline, stop_at)
-            remaining = limit - time.monotonic()
+            remaining = limit - real_time.monotonic()
             if remaining <= 0:
                 break
             pending = [rank for rank in range(self.world_size) if rank not in outcomes]
@@ -315,7 +316,7 @@ class RankPool:
                     outcomes[rank] = self._collect(rank)
                     outcomes[rank].seq = len(outcomes)
                     if outcomes[rank].status != Status.OK and stop_at is None:
-                        stop_at = time.monotonic() + grace
+                        stop_at = real_time.monotonic() + grace
         return outcomes, stuck, stop_at
 
     def _stop_unanswered(
@@ -331,7 +332,7 @@ class RankPool:
         if stuck:
             kind = Status.DEADLOCK if stop_at is None else Status.STOPPED
         else:
-            kind = Status.STOPPED if stop_at is not None and time.monotonic() < deadline else Status.TIMEOUT
+            kind = Status.STOPPED if stop_at is not None and real_time.monotonic() < deadline else Status.TIMEOUT
         dumped = self._dump_stacks(left)
         for rank in left:
             failure = RankFailure(rank, kind.value, stack=dumped[rank])
@@ -412,9 +413,9 @@ class RankPool:
                     pass  # it died meanwhile; its crash dump (if any) is read below
         # faulthandler writes from the signal handler itself; wait until each file has
         # grown and stopped growing.
-        deadline = time.monotonic() + 2.0
+        deadline = real_time.monotonic() + 2.0
         last = dict(sizes)
-        while asked and time.monotonic() < deadline:
+        while asked and real_time.monotonic() < deadline:
             time.sleep(0.02)
             now = {rank: self._stack_size(rank) for rank in asked}
             if all(now[rank] > sizes[rank] and now[rank] == last[rank] for rank in asked):

@@ -57,10 +57,10 @@ import socket
 import struct
 import sys
 import sysconfig
-import time
 import traceback
 from typing import Any
 
+from accel.sim import real_time
 from accel.sim.runtime.server_sockets import server_directory, sibling_sockets
 
 #: seconds a server waits without clients before it exits
@@ -175,10 +175,10 @@ class Server:
         self.ranks: dict[int, _Rank] = {}
         self.accepting = True
         #: when the last client left (the idle time counts from then)
-        self.last_active = time.monotonic()
+        self.last_active = real_time.monotonic()
         #: clients that said hello and were served: sessions (not other servers asking it to stop)
         self.sessions: set[socket.socket] = set()
-        #: when it became idle (no session, no rank; time.monotonic, one clock for the whole
+        #: when it became idle (no session, no rank; real_time.monotonic, one clock for the whole
         #: machine, compared with other servers'); None while in use
         self.idle_since: float | None = self.last_active
         #: whether this idle spell was announced to the project's other servers (`_stop_idle_siblings`)
@@ -210,7 +210,7 @@ class Server:
             else:
                 if not self.accepting:
                     return
-                timeout = self.last_active + self.idle - time.monotonic()
+                timeout = self.last_active + self.idle - real_time.monotonic()
                 if timeout <= 0:
                     return
             events = self.selector.select(timeout)
@@ -319,7 +319,7 @@ class Server:
     def _note_idle(self) -> None:
         """Note when the last session and rank went (what `_stop_if_idle` compares), to be announced."""
         if self.idle_since is None and not self.sessions and not self.ranks:
-            self.idle_since = time.monotonic()
+            self.idle_since = real_time.monotonic()
             self.announced = False
 
     def _fork(self, client: socket.socket, config: dict[str, Any], fds: list[int]) -> None:
@@ -382,7 +382,7 @@ class Server:
             rank = self.ranks.pop(pid, None)
             if rank is None:
                 continue
-            self.last_active = time.monotonic()
+            self.last_active = real_time.monotonic()
             with contextlib.suppress(OSError):  # the client is gone
                 os.write(rank.status_fd, _STATUS.pack(os.waitstatus_to_exitcode(status)))
             os.close(rank.status_fd)
@@ -393,7 +393,7 @@ class Server:
         """A client left: its ranks still running are killed (nothing of a session outlives it)."""
         pids = self.clients.pop(client, set())
         self.sessions.discard(client)
-        self.last_active = time.monotonic()
+        self.last_active = real_time.monotonic()
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(client)
         client.close()
