@@ -174,5 +174,9 @@ def test_the_cards_peaks_are_dense_and_every_card_has_them():
     meta = cards.resolve("H100-96GB")
     assert meta.total_memory / 2**30 == pytest.approx(95.0) and meta.speeds.memory_tbps == 2.4
     assert meta.speeds.watts == 500
+    # held to 500 W: a third of the way from the 400 W NVL's peaks to the 700 W SXM's
+    nvl, sxm = 835.5e12, H100.speeds.peak("bf16")
+    assert meta.speeds.peak("bf16") == pytest.approx(nvl + (sxm - nvl) / 3, rel=1e-3)
+    assert nvl < meta.speeds.peak("fp8") / 2 < sxm / 1
     for card in cards.CARDS.values():
         assert card.speeds.peak("fp32") > 0 and card.speeds.memory_tbps > 0

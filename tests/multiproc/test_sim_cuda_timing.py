@@ -218,6 +218,43 @@ def test_a_compiled_chain_of_pointwise_ops_is_one_kernel_at_its_boundary(rank, w
 
 
 @distributed_test(world_size=SIZES, device="cuda")
+def test_a_checkpointed_compiled_region_run_op_by_op_is_timed_as_fused_kernels(rank, world_size):
+    # the memory model runs checkpointed compiled regions op by op (compiled_buffers); Inductor fuses them all the same
+    from torch.utils.checkpoint import checkpoint
+
+    from accel.sim.cuda.timing import costs
+
+    def chain(x):
+        return ((x * 2 + 1).sin() * x).relu()
+
+    def checkpointed(x):
+        return checkpoint(chain, x, use_reentrant=False)
+
+    x = torch.randn(1 << 22, device="cuda", requires_grad=True)  # 16 MiB
+    compiled = torch.compile(checkpointed)
+    compiled(x).sum().backward()  # traced first
+    clock = _clock()
+    timed = {}
+    for name, fn in (("eager", checkpointed), ("compiled", compiled)):
+        torch.cuda.synchronize()
+        begin = clock.ready(rank, 0)
+        out = fn(x)
+        forward = clock.ready(rank, 0)
+        timed[name] = (forward - begin, out)
+        if name == "compiled":
+            out.sum().backward()
+            torch.cuda.synchronize()
+            spans = [(s, e, n) for s, e, _, n, _ in clock.spans if s >= forward]
+    # forward: one kernel reading x and writing the result (nothing else is kept under checkpointing)
+    assert timed["compiled"][0] == pytest.approx(costs.moved(clock.card, 2 * x.nbytes), rel=0.01)
+    assert timed["eager"][0] > 4 * timed["compiled"][0]
+    # backward: the recomputation and the gradient run as fused kernels, none of the chain's ops alone
+    names = {n for _, _, n in spans}
+    assert "fused kernel (compiled)" in names and not names & {"sin", "mul.Tensor", "relu", "cos", "add.Tensor"}
+    assert torch.allclose(timed["compiled"][1], chain(x), atol=1e-6)
+
+
+@distributed_test(world_size=SIZES, device="cuda")
 def test_a_functional_collective_holds_the_stream_where_its_result_is_first_used(rank, world_size):
     import torch.distributed._functional_collectives as funcol
 

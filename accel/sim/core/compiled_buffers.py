@@ -97,6 +97,9 @@ class Runtime:
     #: `fused(index, nbytes)`: one kernel Inductor generates ran on device `index`, reading and writing
     #: `nbytes` at its boundary (a device with a clock times it; ops inside the kernel cost nothing more)
     fused: Callable[[int, int], None] | None = None
+    #: `op_by_op(forward)`: how a region the model does not cover runs (its graph op by op); a device with
+    #: a clock wraps it so that its ops are timed as Inductor's fused kernels would run on the card
+    op_by_op: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda forward: forward
 
 
 def backend(cls: type, runtime: Runtime) -> Callable[..., Any]:
@@ -105,16 +108,16 @@ def backend(cls: type, runtime: Runtime) -> Callable[..., Any]:
     def inductor_buffers(gm: fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         index = _device_index(cls, example_inputs)
         if index is None or not runtime.counting() or torch_internals.compiling_for_ddps_buckets():
-            return gm.forward  # Dynamo's "eager" backend: the graph op by op, counted as eager code is
+            return runtime.op_by_op(gm.forward)  # as Dynamo's "eager" backend: counted as eager code is
         traced = _factories_made_on_device(gm, runtime, index)
         if not covered(traced):
-            return gm.forward
+            return runtime.op_by_op(gm.forward)
         try:
             aot = torch_internals.aot_as_inductor(_compiler(runtime, index), drop_moves_within_the_device)
             return aot(traced, example_inputs)
         except Exception as error:  # the region's ops the simulator cannot trace this way (its attention's)
             _counted_as_eager(error)
-            return gm.forward
+            return runtime.op_by_op(gm.forward)
 
     return inductor_buffers
 

@@ -757,6 +757,12 @@ def in_backward() -> bool:
     return torch._C._current_autograd_node() is not None
 
 
+def current_autograd_node() -> Any:
+    """The autograd node the engine runs on this thread now (None outside backward): the clock times the
+    backward of compiled regions that run op by op as fused, knowing them by their nodes."""
+    return torch._C._current_autograd_node()
+
+
 def show_storage_on(storage: torch.UntypedStorage, device: torch.device) -> torch.UntypedStorage:
     """`storage` (host memory) reporting `device` as its device, as a GPU tensor's storage does.
 

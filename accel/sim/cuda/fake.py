@@ -506,6 +506,7 @@ def _compiled_buffers_runtime() -> compiled_buffers.Runtime:
         runs_on_device=_runs_on_device,
         on_device=_on_simulated_gpu,
         fused=timing.fused_kernel,
+        op_by_op=timing.op_by_op_region,
     )
 
 

@@ -55,7 +55,16 @@ def _speeds(
 #: datasheet figures, dense (see docs/planning.md for the sources): H100 SXM5, H100 PCIe, H200 SXM, A100 SXM4,
 #: L40S, L4, A10G, GeForce RTX 4090 / 3090 (FP16/BF16 with FP32 accumulate), T4, V100 SXM2
 _HOPPER = dict(fp8=1978.9, bf16=989.4, fp16=989.4, tf32=494.7, fp32=66.9, fp64=66.9)
+#: H100 NVL (the same GH100 with 132 SMs at 350-400 W), dense, from its datasheet
+_HOPPER_NVL = dict(fp8=1670.5, bf16=835.5, fp16=835.5, tf32=417.5, fp32=60.0, fp64=60.0)
 _A100 = dict(fp8=0.0, bf16=312.0, fp16=312.0, tf32=156.0, fp32=19.5, fp64=19.5)
+
+
+def _power_capped(watts: float) -> dict[str, float]:
+    """An H100 SXM held to `watts`: its sustained clocks, so its peaks, lie between the NVL's datasheet figures at
+    400 W and the SXM's at 700 W; taken linearly in power (no datasheet exists for the capped card)."""
+    share = (watts - 400.0) / (700.0 - 400.0)
+    return {kind: round(_HOPPER_NVL[kind] + share * (_HOPPER[kind] - _HOPPER_NVL[kind]), 1) for kind in _HOPPER}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +132,7 @@ CARDS: dict[str, GpuModel] = {
     # Meta's Grand Teton hosts (most published torchtitan runs): HBM2e, 2.4 TB/s, capped at 500 W
     "H100-96GB": _card(
         "NVIDIA H100", 97280, (9, 0), 132, 50, 228,
-        _speeds(**_HOPPER, tbps=2.4, nvlink_gbps=450, pcie_gbps=64, network_gbits=400, watts=500),
+        _speeds(**_power_capped(500), tbps=2.4, nvlink_gbps=450, pcie_gbps=64, network_gbits=400, watts=500),
     ),
     "H100-PCIE": _card(
         "NVIDIA H100 PCIe", 81080, (9, 0), 114, 50, 228,

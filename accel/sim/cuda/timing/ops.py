@@ -15,7 +15,7 @@ import torch
 from accel.sim.cuda.gpus import state as cuda_state
 from accel.sim.cuda.tensors.cuda_tensor import is_simulated_cuda
 from accel.sim.cuda.timing import clock as clocks
-from accel.sim.cuda.timing import collectives, costs
+from accel.sim.cuda.timing import collectives, costs, fusion
 from accel.sim.cuda.timing.units import parse_network
 
 aten = torch.ops.aten
@@ -49,6 +49,12 @@ def time_op(index: int, func: Any, args: Any, kwargs: dict, out: Any) -> None:
     if kind is None:
         clock.issue_only()
         return
+    if fusion.regions:
+        between = func in _COPIES and _between_host_and_gpu(func, args, out)
+        if kind == "memory" and not between and fusion.inside():
+            fusion.add(clock, index, stream_of(index), args, out)
+            return
+        fusion.flush(clock, args)  # a kernel Inductor does not generate ends the fused one before it
     if func in _COPIES and _between_host_and_gpu(func, args, out):
         source = args[0] if func is aten._to_copy.default else args[1]
         way = "HtoD" if is_simulated_cuda(args[0] if func is aten.copy_.default else out) else "DtoH"
@@ -69,6 +75,19 @@ def fused_kernel(index: int, nbytes: int) -> None:
         clock.launch(index, stream_of(index), costs.moved(clock.card, nbytes), name="fused kernel (compiled)")
 
 
+def op_by_op_region(forward: Any) -> Any:
+    """A compiled region that runs op by op here: timed as Inductor's fused kernels (`fusion`)."""
+    if not fusion.regions:
+        fusion.regions.append(True)
+    return fusion.region(forward, clocks.current)
+
+
+def _settle() -> None:
+    """The host waits or a collective starts: a fused kernel still gathering is launched first."""
+    if fusion.pending:
+        fusion.flush(running[0])
+
+
 def _between_host_and_gpu(func: Any, args: Any, out: Any) -> bool:
     target = out if func is aten._to_copy.default else args[0]
     source = args[0] if func is aten._to_copy.default else args[1]
@@ -78,6 +97,7 @@ def _between_host_and_gpu(func: Any, args: Any, out: Any) -> bool:
 def host_waits_for_gpu() -> None:
     """The host waits for the current GPU's current stream (`.item()`, `Stream.synchronize`, data-sized ops)."""
     if running:
+        _settle()
         clock = running[0]
         index = cuda_state.gpus().current
         clock.host_waits(clock.ready(index, stream_of(index)))
@@ -86,6 +106,7 @@ def host_waits_for_gpu() -> None:
 def synchronize(index: int | None) -> None:
     """`torch.cuda.synchronize(index)`: the host waits for every stream of that GPU."""
     if running:
+        _settle()
         clock = running[0]
         clock.host_waits(clock.drained(index))
 
@@ -105,6 +126,7 @@ def collective(name: str, nbytes: int, ranks: list[int] | int, group_key: Any, i
     (None when the clock is off). `ranks`: the group's global ranks (or its size, ranks taken as consecutive)."""
     if not running:
         return None
+    _settle()
     clock = running[0]
     stream = stream_of(index)
     channel = ("nccl", group_key)
@@ -133,6 +155,7 @@ def stream_waits_for(index: int, end: float | None) -> None:
 def optimizer_stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
     """torch's hook after every `Optimizer.step()`: the clock's steps end there."""
     if running:
+        _settle()
         running[0].optimizer_stepped(optimizer)
 
 
