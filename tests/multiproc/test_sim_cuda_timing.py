@@ -7,6 +7,7 @@ own (`accel.sim.cuda.timing`), so the tests say what the clock adds up, not what
 """
 
 import json
+import os
 
 import pytest
 import torch
@@ -122,6 +123,44 @@ def test_a_collective_runs_on_its_own_stream_and_holds_the_stream_that_waits(ran
     start = clock.ready(rank, 0)
     dist.all_reduce(grad)
     assert clock.ready(rank, 0) - start == pytest.approx(expected, rel=1e-3)
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_collectives_of_two_groups_at_once_share_the_link_they_both_need(rank, world_size):
+    from accel.sim.cuda.timing import collectives, ops
+
+    first, second = dist.new_group(list(range(world_size))), dist.new_group(list(range(world_size)))
+    x = torch.ones(32 << 20, device="cuda", dtype=torch.bfloat16)  # 64 MiB
+    y = torch.ones_like(x)
+    alone = collectives.seconds("all_reduce", x.nbytes, world_size, ops.links())
+    torch.cuda.synchronize()
+    clock = _clock()
+    start = clock.ready(rank, 0)
+    works = [dist.all_reduce(x, group=first, async_op=True), dist.all_reduce(y, group=second, async_op=True)]
+    for work in works:
+        work.wait()
+    # two NCCL streams, one NVLink: the second runs in the time the first leaves it
+    assert clock.ready(rank, 0) - start == pytest.approx(2 * alone, rel=0.01)
+    if world_size == 4:  # two nodes of two GPUs: a pair within a node and a pair across share no link
+        os.environ[ops.GPUS_PER_NODE_ENV] = "2"
+        try:
+            pairs = {pair: dist.new_group(list(pair)) for pair in ((0, 1), (2, 3), (0, 2), (1, 3))}
+            near = pairs[(0, 1) if rank < 2 else (2, 3)]
+            far = pairs[(0, 2) if rank in (0, 2) else (1, 3)]
+            links = ops.links()
+            t_near = collectives.seconds("all_reduce", x.nbytes, 2, links)
+            t_far = collectives.seconds(
+                "all_reduce", x.nbytes, 2, collectives.Links(links.intra_gbps, links.nic_gbps, 1)
+            )
+            assert t_far > 2 * t_near  # the network is slower than NVLink
+            torch.cuda.synchronize()
+            start = clock.ready(rank, 0)
+            works = [dist.all_reduce(x, group=far, async_op=True), dist.all_reduce(y, group=near, async_op=True)]
+            for work in works:
+                work.wait()
+            assert clock.ready(rank, 0) - start == pytest.approx(t_far, rel=0.01)
+        finally:
+            del os.environ[ops.GPUS_PER_NODE_ENV]
 
 
 def _train(steps):

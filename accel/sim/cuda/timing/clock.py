@@ -85,6 +85,8 @@ class Clock:
         self.boundary: float | None = None  # GPU time at the last step's end
         self.steps: list[Step] = []
         self.stepper: int | None = None  # id of the optimizer whose steps mark the boundaries
+        #: gpu -> its latest collectives: (start, end, the link that bounds it, its NCCL stream)
+        self.collectives: dict[int, list[tuple[float, float, str, Any]]] = {}
 
     def ready(self, gpu: int, stream: Any) -> float:
         """When work issued now on (gpu, stream) could start: an event recorded now completes then."""

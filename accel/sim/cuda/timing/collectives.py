@@ -46,6 +46,15 @@ def _spread(n: int, links: Links) -> tuple[int, int]:
     return per_node, math.ceil(n / per_node)
 
 
+def bottleneck(n: int, links: Links) -> str:
+    """The link that bounds a collective over `n` ranks: "nvlink" within a node (or where NVLink is slower than
+    the node's NICs together), else "network"; collectives bound by the same link share it."""
+    per_node, nodes = _spread(n, links)
+    if nodes == 1 or (per_node > 1 and links.intra_gbps <= per_node * links.nic_gbps):
+        return "nvlink"
+    return "network"
+
+
 def _ring(name: str, nbytes: float, n: int, links: Links, protocol: int) -> float:
     per_node, nodes = _spread(n, links)
     bus = links.intra_gbps if nodes == 1 else min(links.intra_gbps, per_node * links.nic_gbps)

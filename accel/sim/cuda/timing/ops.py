@@ -131,8 +131,30 @@ def collective(name: str, nbytes: int, ranks: list[int] | int, group_key: Any, i
     stream = stream_of(index)
     channel = ("nccl", group_key)
     clock.wait(index, channel, clock.ready(index, stream))  # NCCL's stream waits for what was queued before
-    seconds = collectives.seconds(name, nbytes, *_placement(ranks, links()))
-    return clock.launch(index, channel, seconds, comm=True, name=f"nccl {name}")
+    size, placed = _placement(ranks, links())
+    seconds = collectives.seconds(name, nbytes, size, placed)
+    start, link = clock.ready(index, channel), collectives.bottleneck(size, placed)
+    seconds += _sharing(clock, index, channel, link, start, start + seconds)
+    end = clock.launch(index, channel, seconds, comm=True, name=f"nccl {name}")
+    busy = clock.collectives.setdefault(index, [])
+    busy.append((start, end, link, channel))
+    del busy[:-_BUSY_KEPT]
+    return end
+
+
+#: how many of a GPU's latest collectives are kept to see which the next one overlaps
+_BUSY_KEPT = 32
+
+
+def _sharing(clock: clocks.Clock, index: int, channel: Any, link: str, start: float, end: float) -> float:
+    """How much longer a collective over (`start`, `end`) takes for sharing its link with the collectives of
+    other groups running then on GPU `index`: those keep their times (they were issued first), so it runs
+    in the time they leave it, as long again as they overlap it."""
+    total = 0.0
+    for other_start, other_end, other_link, other_channel in clock.collectives.get(index, ()):
+        if other_link == link and other_channel != channel:
+            total += max(0.0, min(end, other_end) - max(start, other_start))
+    return total
 
 
 def _placement(ranks: list[int] | int, links: collectives.Links) -> tuple[int, collectives.Links]:
