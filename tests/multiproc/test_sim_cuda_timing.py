@@ -187,6 +187,30 @@ def test_each_optimizer_step_ends_a_step_with_its_flops_and_communication(rank, 
 
 
 @distributed_test(world_size=SIZES, device="cuda", shapes_only=True)
+def test_fsdp2_gathers_the_next_layer_while_this_one_computes(rank, world_size):
+    from torch.distributed.fsdp import fully_shard
+
+    layers = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048, bias=False) for _ in range(6)]).cuda()
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(layers)
+    optimizer = torch.optim.SGD(layers.parameters(), lr=0.1)
+    x = torch.randn(8192, 2048, device="cuda")
+    for _ in range(3):
+        layers(x).sum().backward()
+        optimizer.step()
+    begin, end, spans = _clock().last
+    gathers = [(s, e) for s, e, comm, name, _ in spans if comm and "all_gather" in name]
+    matmuls = [(s, e) for s, e, comm, name, _ in spans if name == "mm"]
+    assert len(gathers) >= 6 and len(matmuls) >= 6 * 2
+    # FSDP2 prefetches: all-gathers run on their own stream while the previous layer's matmuls run
+    overlapping = [g for g in gathers if any(min(g[1], m[1]) > max(g[0], m[0]) for m in matmuls)]
+    assert len(overlapping) >= len(gathers) - 2  # all but the first of forward (and of backward) hide
+    step = _clock().steps[-1]
+    assert step.exposed_comm_s < step.comm_s / 2
+
+
+@distributed_test(world_size=SIZES, device="cuda", shapes_only=True)
 def test_shapes_only_predicts_the_same_steps_as_a_run_with_values(rank, world_size):
     _train(3)
     assert len(_clock().steps) == 2 and _clock().steps[1].flops == 5 * 2 * 512 * 256 * 1024
