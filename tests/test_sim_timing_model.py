@@ -66,6 +66,8 @@ def test_pointwise_ops_move_their_bytes_at_the_memory_bandwidth_and_views_launch
     tiny, _ = costs.duration(H100, aten.add.Tensor, "memory", (_meta(4), _meta(4)), {}, _meta(4))
     assert tiny == costs.MIN_KERNEL_S
     assert costs.kind_of(aten.view.default) is None and costs.kind_of(aten.empty.memory_format) is None
+    # a view in all but its schema (the result of `reshape` and `matmul` on a contiguous tensor): no kernel on a GPU
+    assert costs.kind_of(aten._unsafe_view.default) is None
     assert costs.kind_of(aten.add.Tensor) == "memory" and costs.kind_of(aten.addmm.default) == "matmul"
     assert costs.kind_of(aten._scaled_dot_product_flash_attention_backward.default) == "flash_backward"
     assert costs.kind_of(torch.ops._c10d_functional.all_reduce.default) is None  # the group times it

@@ -46,6 +46,7 @@ _NO_KERNEL = {
     aten.set_.source_Storage_storage_offset, aten.set_.source_Tensor, aten.resize_.default,
     aten._local_scalar_dense.default, aten.is_nonzero.default, aten.sym_size.int, aten.sym_stride.int,
     aten.sym_numel.default, aten.sym_storage_offset.default, aten.record_stream.default,
+    aten._unsafe_view.default,  # a view whose schema says it is not (autograd's sake): it launches no kernel
 }  # fmt: skip
 _MATMULS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._scaled_mm}
 _CONVS = {aten.convolution, aten._convolution, aten.cudnn_convolution, aten.convolution_backward}
