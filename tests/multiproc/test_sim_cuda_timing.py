@@ -232,6 +232,8 @@ def test_the_end_of_run_line_and_the_json_report(rank, world_size):
     median = sorted(s.time_s for s in _clock().steps)[1]
     assert line.startswith(f"rank {rank} on NVIDIA H100 80GB HBM3: predicted step {median * 1e3:.3g} ms")
     assert "MFU" in line and "exposed communication" in line
+    tflops = 5 * 2 * 512 * 256 * 1024 / median / 1e12  # a small model: its TFLOPS in three digits, not "0"
+    assert f", {tflops:.3g} TFLOPS," in line and tflops < 10
     assert f"{8192 / median / world_size:,.0f} tokens/s per GPU" in line
     chosen = [tempfile.mkdtemp() if rank == 0 else None]
     dist.broadcast_object_list(chosen)  # one file for the ranks of the run

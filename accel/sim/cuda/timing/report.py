@@ -69,7 +69,7 @@ def line(rank: int, world_size: int) -> str | None:
     steps = len(clock.steps)
     text = (
         f"rank {rank} on {clock.card.name}: predicted step {figures['time_s'] * 1e3:.3g} ms "
-        f"(median of {steps} step{'s' if steps != 1 else ''}), {figures['tflops']:.0f} TFLOPS, "
+        f"(median of {steps} step{'s' if steps != 1 else ''}), {figures['tflops']:.3g} TFLOPS, "
         f"MFU {figures['mfu']:.1%}, exposed communication {figures['exposed_comm_share']:.1%} of the step"
     )
     if "tokens_per_s_per_gpu" in figures:
