@@ -107,11 +107,12 @@ def test_a_custom_card_reads_sizes_and_capabilities():
     assert gpu_models.parse_size("512MiB") == 512 * MiB and gpu_models.parse_size("1000") == 1000
 
 
-def test_the_readme_table_is_the_table_of_cards():
+def test_the_docs_table_is_the_table_of_cards():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    rows = [line for line in readme.splitlines() if line.strip().startswith("| ") and "GiB |" in line]
+    root = Path(__file__).resolve().parents[1]
+    readme, page = (root / "README.md").read_text(), (root / "docs" / "simulated-gpus.md").read_text()
+    rows = [line for line in page.splitlines() if line.strip().startswith("| ") and "GiB |" in line]
     table = {}
     for row in rows:
         name, reported, memory, capability, sms = (cell.strip() for cell in row.strip().strip("|").split("|"))
@@ -121,3 +122,4 @@ def test_the_readme_table_is_the_table_of_cards():
         memory = f"{card.total_memory / (1 << 30):.2f} GiB"
         assert table[name] == (card.name, memory, f"{card.major}.{card.minor}", card.multi_processor_count)
     assert gpu_models.DEFAULT_GPU == "H100" and "the default is an **H100**" in readme
+    assert all(name in readme for name in gpu_models.CARDS)  # the README names them all
