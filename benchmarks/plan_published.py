@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,24 @@ FLOAT8_TENSORWISE = (
     "--quantize.linear.float8.enable_fsdp_float8_all_gather",
     "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
 )
+#: the attention kernel of the published runs: their torchtitan called `F.scaled_dot_product_attention` with torch's
+#: own order (9dec370's llama/model.py), and their torch (before 2.9) ran FlashAttention-2 on an H100 (cuDNN's was
+#: not chosen: pytorch/pytorch#142132, Dec 2024, "expected"; torch 2.9 put cuDNN's first on sm_90,
+#: pytorch/pytorch#162073). torchtitan 0.2.2 puts cuDNN's first itself (`ScaledDotProductAttentionWrapper`): by
+#: default this program runs its trainer with torch's old order (`AS_PUBLISHED`); `--attention installed` leaves it
+PUBLISHED_TORCH = {"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"}
+AS_PUBLISHED = """\
+\"\"\"torchtitan's trainer, attention in the published runs' order (their torch and torchtitan: flash first).\"\"\"
+import runpy
+
+from torch.nn.attention import SDPBackend
+from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+
+ScaledDotProductAttentionWrapper.sdpa_backends = [
+    SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH, SDPBackend.CUDNN_ATTENTION
+]
+runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
+"""
 #: torchtitan's flags for local batch 2, and for compiling the blocks only (not the loss)
 BATCH_2 = ("--training.local_batch_size", "2")
 COMPILED_BLOCKS = ("--compile.enable", "--compile.components", "model")
@@ -133,6 +152,29 @@ CASES: tuple[Case, ...] = (
         gpu=H100_96GB,
         ranks=128,
         flags=(*BATCH_2, *COMPILED_BLOCKS),
+        only_ranks="0",
+    ),
+    Case(
+        name="compile-b2-f8",
+        source=TITAN_BENCH.format(commit=TITAN_BENCH_COMMIT) + " (Table 1, row FSDP + torch.compile + Float8)",
+        what="as compile-b2, float8 tensorwise Linears (not the output), FSDP gathering float8 weights",
+        published_gib=76.8,
+        published_tps=8532,
+        gpu=H100_96GB,
+        ranks=8,
+        flags=(*BATCH_2, *COMPILED_BLOCKS, *FLOAT8_TENSORWISE),
+        note="torchtitan 9dec370: --float8.enable_float8_linear --float8.enable_fsdp_float8_all_gather"
+        " --float8.precompute_float8_dynamic_scale_for_fsdp (tensorwise scaling)",
+    ),
+    Case(
+        name="compile-b2-f8-128",
+        source=TITAN_BENCH.format(commit=TITAN_BENCH_COMMIT) + " (Table 3, row FSDP + torch.compile + Float8)",
+        what="as compile-b2-f8 on 128 GPUs (FSDP 128); rank 0 run, standing in for all 128",
+        published_gib=61.8,
+        published_tps=8380,
+        gpu=H100_96GB,
+        ranks=128,
+        flags=(*BATCH_2, *COMPILED_BLOCKS, *FLOAT8_TENSORWISE),
         only_ranks="0",
     ),
     Case(
@@ -287,34 +329,46 @@ enable = false
 """
 
 
-def workspace(root: Path) -> Path:
+def workspace(root: Path, toml: Callable[[Path], str] = config, name: str = "llama3_8b.toml") -> Path:
+    """Tokenizer, data and torchtitan toml (`toml(root)`, 8B's by default) under `root`; the toml's path."""
     tokenizer(root / "tokenizer")
     dataset(root / "data")
-    path = root / "llama3_8b.toml"
-    path.write_text(config(root))
+    path = root / name
+    path.write_text(toml(root))
     return path
+
+
+def clean_env(root: Path, extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment without launcher or simulator settings, plus `extra` and offline HF caches."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ACCEL_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC_", "CUDA_", "PYTORCH_"))
+    }
+    env.update(extra, HF_HOME=str(root / "hf"), HF_DATASETS_OFFLINE="1")
+    return env
 
 
 STEP_LINE = re.compile(r"step:\s*(\d+)\s.*?memory:\s*([\d.]+)GiB\(([\d.]+)%\)")
 END_LINE = re.compile(r"\[rank 0\] accel\.sim: cuda:0 .*?peak allocated ([\d.]+) GiB, peak reserved ([\d.]+) GiB")
 
 
-def run(case: Case, root: Path, extra: tuple[str, ...] = ()) -> dict:
-    """Launch torchtitan's trainer for `case` on simulated GPUs: rank 0's logged memory per step, accel's end line."""
+def run(case: Case, root: Path, extra: tuple[str, ...] = (), attention: str = "published") -> dict:
+    """Launch torchtitan's trainer for `case` on simulated GPUs: rank 0's logged memory per step, accel's end line.
+    `attention`: "published" (the published runs' kernel order, `AS_PUBLISHED`) or "installed" (torchtitan's own)."""
     toml = workspace(root)
+    trainer = ["-m", "torchtitan.train"]
+    if attention == "published":
+        (root / "train_as_published.py").write_text(AS_PUBLISHED)
+        trainer = [str(root / "train_as_published.py")]
     command = [sys.executable, "-m", "accel.commands.cli", "launch", "--simulate", "cuda", "--shapes_only"]
     command += ["--gpu", case.gpu, "--num_processes", str(case.ranks), "--local_ranks_filter", "0", *extra]
     command += ["--timing_report", str(root / "timing.json")]
     if case.only_ranks:
         command += ["--only_ranks", case.only_ranks]
-    command += ["-m", "torchtitan.train", "--job.config_file", str(toml), "--training.steps", str(case.steps)]
+    command += [*trainer, "--job.config_file", str(toml), "--training.steps", str(case.steps)]
     command += list(case.flags)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCEL_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC_", "CUDA_", "PYTORCH_"))
-    }
-    env.update(case.env, HF_HOME=str(root / "hf"), HF_DATASETS_OFFLINE="1")
+    env = clean_env(root, {**PUBLISHED_TORCH, **case.env})
     start = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root)
     seconds = time.monotonic() - start
@@ -364,8 +418,9 @@ def _predicted(case: Case, report: Path) -> dict:
     }
 
 
-def report(root: Path, wanted: bool) -> tuple[str, ...]:
-    return ("--memory_report", str(root / "memory.html")) if wanted else ()
+def report(root: Path, wanted: bool, trace: bool = False) -> tuple[str, ...]:
+    memory = ("--memory_report", str(root / "memory.html")) if wanted else ()
+    return memory + (("--timing_trace", str(root / "trace.json")) if trace else ())
 
 
 def main() -> None:
@@ -375,7 +430,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results as json here")
     parser.add_argument("--keep", type=Path, default=None, help="work (and keep the logs) in this folder")
     parser.add_argument("--only_ranks", default=None, help="run every case with this --only_ranks (a check)")
+    parser.add_argument(
+        "--attention",
+        choices=("published", "installed"),
+        default="published",
+        help="attention kernels in the published runs' order (flash first, default) or installed torchtitan's (cuDNN)",
+    )
     parser.add_argument("--memory_report", action="store_true", help="also print what made up rank 0's peak (slower)")
+    parser.add_argument(
+        "--trace", action="store_true", help="also write rank 0's last step as trace.json (with --keep)"
+    )
     args = parser.parse_args()
     cases = [c for c in CASES if not args.case or c.name in args.case]
     if args.only_ranks:
@@ -389,10 +453,10 @@ def main() -> None:
         if args.keep:
             root = args.keep / case.name
             root.mkdir(parents=True, exist_ok=True)
-            result = run(case, root, report(root, args.memory_report))
+            result = run(case, root, report(root, args.memory_report, args.trace), args.attention)
         else:
             with tempfile.TemporaryDirectory(prefix="plan_published_") as tmp:
-                result = run(case, Path(tmp), report(Path(tmp), args.memory_report))
+                result = run(case, Path(tmp), report(Path(tmp), args.memory_report, args.trace), args.attention)
         result["published_gib"] = case.published_gib
         results.append(result)
         sim = result["simulated_gib"]
