@@ -55,6 +55,9 @@ def test_each_rank_prints_its_predicted_step_and_writes_the_report(tmp_path):
         tracks = {e["args"]["name"] for e in trace if e["name"] == "thread_name"}
         assert tracks == {f"cuda:{rank} stream 0 (default)", f"cuda:{rank} NCCL group 1"}
         kernels = [e for e in trace if e["ph"] == "X"]
-        assert {"addmm", "mm", "nccl all_reduce"} <= {e["name"] for e in kernels}
+        assert {"addmm", "mm", "nccl all_reduce"} <= {e["args"]["op"] for e in kernels}
+        # named by module in forward (the Linear is DDP's `module`), by autograd node in backward
+        assert "addmm (module)" in {e["name"] for e in kernels}
+        assert "mm (AddmmBackward0)" in {e["name"] for e in kernels}
         assert all(e["ts"] >= 0 and e["ts"] + e["dur"] <= median * 1e6 + 1e-3 for e in kernels)
         assert "<svg" in (tmp_path / f"trace.rank{rank}.svg").read_text()

@@ -459,6 +459,7 @@ def _on_cuda_start(gpus: cuda_state.SimGpus) -> None:
     torch.cuda.default_generators = tuple(gpus.generators)  # type: ignore[assignment]  # as torch's CUDA start fills them
     cuda_shapes.configure()
     timing_clock.start(gpu_models.resolve())  # simulated time starts with CUDA
+    timing.name_kernels()  # by module, where a trace is asked for
     pyclock.configure()  # and Python's clocks follow it, where ACCEL_SIM_CLOCK=gpu asks
     if os.environ.get(cuda_properties.MEMORY_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         cuda_memory.uninstall()

@@ -85,6 +85,8 @@ class Clock:
         self.boundary: float | None = None  # GPU time at the last step's end
         self.steps: list[Step] = []
         self.stepper: int | None = None  # id of the optimizer whose steps mark the boundaries
+        #: what names where a kernel comes from (a module, an autograd node), while a trace is asked for
+        self.namer: Any = None
         #: gpu -> its latest collectives: (start, end, the link that bounds it, its NCCL stream)
         self.collectives: dict[int, list[tuple[float, float, str, Any]]] = {}
 
@@ -103,6 +105,9 @@ class Clock:
         end = start + seconds
         self.free[key] = end
         self.host += HOST_COLLECTIVE_S if comm else HOST_OP_S
+        if self.namer is not None:
+            where = self.namer()
+            name = f"{name} ({where})" if where else name
         self.spans.append((start, end, comm, name, key))
         self.flops += flops
         return end

@@ -15,7 +15,8 @@ import torch
 from accel.sim.cuda.gpus import state as cuda_state
 from accel.sim.cuda.tensors.cuda_tensor import is_simulated_cuda
 from accel.sim.cuda.timing import clock as clocks
-from accel.sim.cuda.timing import collectives, costs, fusion
+from accel.sim.cuda.timing import collectives, costs, fusion, modules
+from accel.sim.cuda.timing.trace import TRACE_ENV
 from accel.sim.cuda.timing.units import parse_network
 
 aten = torch.ops.aten
@@ -73,6 +74,12 @@ def fused_kernel(index: int, nbytes: int) -> None:
     if running:
         clock = running[0]
         clock.launch(index, stream_of(index), costs.moved(clock.card, nbytes), name="fused kernel (compiled)")
+
+
+def name_kernels() -> None:
+    """The clock just started: where a trace is asked for, its kernels are named by module (`modules`)."""
+    if running:
+        running[0].namer = modules.where if os.environ.get(TRACE_ENV) else None
 
 
 def op_by_op_region(forward: Any) -> Any:

@@ -2,7 +2,8 @@
 
 ``ACCEL_SIM_TIMING_TRACE=PATH`` (`accel launch --timing_trace PATH`): each rank writes the last whole step
 its clock saw as Chrome's trace-event JSON (one track per stream: the default stream, the streams the
-program made, each NCCL group's), kernels named by their op, collectives by theirs; and beside it an SVG
+program made, each NCCL group's), kernels and collectives named by their op and where they come from
+(the module in forward, the autograd node in backward: `modules`); and beside it an SVG
 picture of the same step (PATH with ``.svg``). `{rank}` in PATH is the rank; else ``.rankN`` goes before
 the suffix when the world has more than one rank.
 """
@@ -57,9 +58,11 @@ def events(clock: Clock, rank: int) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
     for start, end, comm, name, key in spans:
         track = tracks[names[key]]
+        op, _, where = (name or "kernel").partition(" (")
         found.append(
             {
                 "name": name or "kernel",
+                "args": {"op": op, "module": where[:-1]} if where else {"op": op},
                 "cat": "nccl" if comm else "kernel",
                 "ph": "X",
                 "ts": (start - begin) * 1e6,
@@ -95,7 +98,7 @@ def svg(clock: Clock, rank: int, width: int = 1200) -> str:
     for start, stop, comm, name, key in spans:
         x = left + (max(start, begin) - begin) * scale
         w = max((stop - max(start, begin)) * scale, 0.5)
-        colour = _COLOURS["comm" if comm else ("compute" if name in _COMPUTE else "memory")]
+        colour = _COLOURS["comm" if comm else ("compute" if name.split(" (")[0] in _COMPUTE else "memory")]
         y = top + rows[names[key]] * row_h
         parts.append(
             f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{row_h - 6}" fill="{colour}">'
