@@ -1,4 +1,4 @@
-"""The `accel` command: `accel launch ...`, `accel run ...`, `accel env`, `accel merge-weights ...`.
+"""The `accel` command: `accel launch ...`, `accel run ...`, `accel plan ...`, `accel env`, `accel merge-weights ...`.
 
 Each sub-command lives in its own module with `add_parser(subparsers)` and a `run(args)`
 returning the exit code; this module only wires them together.
@@ -10,9 +10,9 @@ import argparse
 import sys
 
 from accel import __version__
-from accel.commands import env, launch, merge, run
+from accel.commands import env, launch, merge, plan, run
 
-_COMMANDS = (launch, run, env, merge)
+_COMMANDS = (launch, run, plan, env, merge)
 
 
 def build_parser() -> argparse.ArgumentParser:
