@@ -15,11 +15,10 @@ rank does what rank 0 does (same shapes, collectives, memory). The layouts keep 
 batch, 64 sequences of 8192 tokens, but ``fsdp8-tp8-b16`` (128) and the two ``-b2`` ones (16, where
 selective checkpointing fits), so tokens/s per GPU compare alike.
 
-Not in the grid: pipeline parallelism. A rank standing in for a pipeline stage receives nothing
-from the previous stage (`accel.sim.cuda.nccl.stand_in`: a point-to-point receive leaves its
-buffer as it is), so torchtitan's second stage reads garbage shapes and asks for 130,000 GiB, a
-false out-of-memory; running every one of 64 ranks takes about 25 GiB and a quarter of an hour of
-both cores here (docs/planning.md, "Big worlds").
+Not in the grid: pipeline parallelism. A rank standing in for a pipeline stage cannot know the
+shapes the previous stage sends it (`accel.sim.cuda.nccl.stand_in` stops such a run, naming the
+receive), and running every one of 64 ranks takes about 25 GiB and a quarter of an hour of both
+cores here (docs/planning.md, "Big worlds").
 
     python benchmarks/plan_layouts.py                       # every layout, about 10 minutes here
     python benchmarks/plan_layouts.py --layout fsdp8-tp8    # one (a dry run to gauge the time)

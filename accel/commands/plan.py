@@ -31,8 +31,8 @@ The grid (--grid FILE, .toml or .json) is a list of layouts, each a table with:
   num_processes    (required) the world size: GPUs of the layout
   only_ranks       ranks run, standing in for the others (--only_ranks: "0", "0,32", [0, 32]);
                    for symmetric layouts (FSDP, HSDP, tensor parallel): "0"; default: every rank.
-                   Not for pipeline parallelism: a stand-in's point-to-point receive gets nothing
-                   (its stages see wrong shapes); run every rank there
+                   Not for pipeline parallelism: what a stage receives from another (its shapes)
+                   cannot be stood in for, and such a run stops saying so; run every rank there
   args             extra program arguments of this layout (a list, or one string split as a shell does)
   tokens_per_step  tokens of one step over all ranks (default: --tokens_per_step), for tokens/s per GPU
   env              environment variables of this layout's run (a table of strings)

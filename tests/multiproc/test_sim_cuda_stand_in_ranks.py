@@ -228,6 +228,25 @@ def test_what_waits_for_an_absent_rank_fails_at_once_saying_so():
     assert "a Gloo group the script creates" in report.message
 
 
+def receives_from_the_previous_stage() -> str:
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    activations = torch.zeros(4, device="cuda")
+    dist.recv(activations, src=1)  # values mean nothing in shapes only: the tensor is left as it was
+    shape = torch.zeros(2, dtype=torch.int64, device="cuda")
+    dist.recv(shape, src=1)  # the next stage's shape: nobody here can say it
+    return "received"
+
+
+def test_a_stand_in_that_receives_sizes_point_to_point_fails_saying_so():
+    with pytest.raises(accel.sim.DistributedFailure) as failure:
+        accel.sim.launch(
+            receives_from_the_previous_stage, world_size=WORLD, device="cuda", shapes_only=True, only_ranks=[2]
+        )
+    (report,) = failure.value.failures.values()
+    assert "receives torch.int64 values ((2,)) from rank 1 of the group point to point" in report.message
+    assert "Run every rank of a pipeline-parallel layout (no --only_ranks)" in report.message
+
+
 # -- the launcher ----------------------------------------------------------------------------------------
 
 SCRIPT = """

@@ -18,7 +18,9 @@ what this rank holds: an all-gather gives copies of this rank's input, a sum `si
 a maximum the input itself, a broadcast leaves this rank's tensor as it is. So
 `all_gather_object` gives this rank's object for every rank, and control flow that every rank
 takes alike takes the same turn here. A point-to-point receive leaves its tensor as it was:
-what the peer sends has no symmetric answer (pipeline stages differ).
+what the peer sends has no symmetric answer (pipeline stages differ); one of integers that keep
+their data (sizes, shapes a pipeline stage sends the next) fails with `AbsentRanks`, since they
+would steer the receiver wrong.
 
 What cannot be stood in for fails at once, naming it: anything that waits in the store for a
 rank not run (a Gloo group the script makes itself, torch's store barrier) gets `AbsentRanks`
@@ -38,6 +40,7 @@ from accel.sim.core import carried
 from accel.sim.core.carried import PythonGroup, completed_work
 from accel.sim.cuda.gpus import shapes as cuda_shapes
 from accel.sim.cuda.gpus.errors import SimulatedDeviceError
+from accel.sim.cuda.nccl.process_group import PAIR_TAG
 from accel.sim.runtime import adopt_group
 
 __all__ = ["AbsentRanks", "Alone", "StandInStore", "install", "uninstall"]
@@ -192,13 +195,30 @@ class Alone(PythonGroup):
         return self._done(tensors)
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> Any:
+        if tag != PAIR_TAG:  # (the pair's set-up: each sends the other its GPU, checked only against its own)
+            _refuse_steering_values(tensors, f"rank {srcRank} of the group")
         return self._done(tensors)  # what the peer would send is not known: the tensor is left as it is
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
+        _refuse_steering_values(tensors, "any rank")
         return self._done(tensors)
 
     def barrier(self, opts: Any = None) -> Any:
         return self._done()
+
+
+def _refuse_steering_values(tensors: list[torch.Tensor], peer: str) -> None:
+    """A point-to-point receive of integers (sizes, counts, shapes a pipeline stage sends the next) cannot be
+    stood in for: left as they were, they would steer the receiver wrong (a pipeline stage allocating for
+    garbage shapes runs "out of memory" by terabytes). Activations (floating point) are left as they are."""
+    for tensor in tensors:
+        if _holds_data(tensor) and not tensor.is_floating_point() and not tensor.is_complex():
+            raise AbsentRanks(
+                f"accel.sim: this rank receives {tensor.dtype} values ({tuple(tensor.shape)}) from {peer} point to "
+                "point, which a rank standing in for others cannot know: what one rank sends another (sizes and "
+                "shapes between pipeline stages) differs from what it holds itself. Run every rank of a pipeline-"
+                "parallel layout (no --only_ranks)."
+            )
 
 
 def _starts(counts: list[int]) -> list[int]:
