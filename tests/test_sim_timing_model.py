@@ -206,3 +206,12 @@ def test_the_cards_peaks_are_dense_and_every_card_has_them():
     assert nvl < meta.speeds.peak("fp8") / 2 < sxm / 1
     for card in cards.CARDS.values():
         assert card.speeds.peak("fp32") > 0 and card.speeds.memory_tbps > 0
+
+
+@pytest.mark.parametrize(
+    "tflops, text", [(412.3, "412 TFLOPS"), (4.891, "4.89 TFLOPS"), (0.5, "500 GFLOPS"), (1.09e-6, "1.09 MFLOPS")]
+)
+def test_the_end_of_run_line_prints_flops_per_second_in_a_unit_without_exponent(tflops, text):
+    from accel.sim.cuda.timing import report
+
+    assert report._flops_per_s(tflops) == text

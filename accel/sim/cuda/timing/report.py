@@ -60,6 +60,14 @@ def summary(clock: clocks.Clock, world_size: int) -> dict[str, float] | None:
     return figures
 
 
+def _flops_per_s(tflops: float) -> str:
+    """TFLOPS in three digits, in the unit that needs no exponent (a tiny model's are MFLOPS)."""
+    for unit, scale in (("TFLOPS", 1.0), ("GFLOPS", 1e3), ("MFLOPS", 1e6)):
+        if tflops * scale >= 1:
+            return f"{tflops * scale:.3g} {unit}"
+    return f"{tflops * 1e12:.3g} FLOPS"
+
+
 def line(rank: int, world_size: int) -> str | None:
     """The end-of-run line of this rank, or None when the clock saw no whole step."""
     clock = clocks.current()
@@ -69,7 +77,7 @@ def line(rank: int, world_size: int) -> str | None:
     steps = len(clock.steps)
     text = (
         f"rank {rank} on {clock.card.name}: predicted step {figures['time_s'] * 1e3:.3g} ms "
-        f"(median of {steps} step{'s' if steps != 1 else ''}), {figures['tflops']:.3g} TFLOPS, "
+        f"(median of {steps} step{'s' if steps != 1 else ''}), {_flops_per_s(figures['tflops'])}, "
         f"MFU {figures['mfu']:.1%}, exposed communication {figures['exposed_comm_share']:.1%} of the step"
     )
     if "tokens_per_s_per_gpu" in figures:
