@@ -70,7 +70,6 @@ FLOAT8_TENSORWISE = (
 #: not chosen: pytorch/pytorch#142132, Dec 2024, "expected"; torch 2.9 put cuDNN's first on sm_90,
 #: pytorch/pytorch#162073). torchtitan 0.2.2 puts cuDNN's first itself (`ScaledDotProductAttentionWrapper`): by
 #: default this program runs its trainer with torch's old order (`AS_PUBLISHED`); `--attention installed` leaves it
-PUBLISHED_TORCH = {"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"}
 AS_PUBLISHED = """\
 \"\"\"torchtitan's trainer, attention in the published runs' order (their torch and torchtitan: flash first).\"\"\"
 import runpy
@@ -368,7 +367,7 @@ def run(case: Case, root: Path, extra: tuple[str, ...] = (), attention: str = "p
         command += ["--only_ranks", case.only_ranks]
     command += [*trainer, "--job.config_file", str(toml), "--training.steps", str(case.steps)]
     command += list(case.flags)
-    env = clean_env(root, {**PUBLISHED_TORCH, **case.env})
+    env = clean_env(root, case.env)
     start = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root)
     seconds = time.monotonic() - start

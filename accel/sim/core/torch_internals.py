@@ -1763,6 +1763,17 @@ def generator_key(generator: torch.Generator) -> int:
     return generator._cdata  # type: ignore[attr-defined]
 
 
+INTERNALS["torch.UntypedStorage._cdata"] = (
+    "a tensor's storage known whichever view or Python object of it comes (functional collectives' waits, "
+    "the clock's fused kernels): `untyped_storage()` gives a new Python object each time"
+)
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """The identity of `tensor`'s C++ storage, the same for all its views and Python objects."""
+    return tensor.untyped_storage()._cdata
+
+
 #: the C++ functions `torch.nn.parallel.comm` calls (a CPU build has none): checked by
 #: tests/test_sim_cuda_internals.py, which reads comm.py for each name
 PARALLEL_COPY_NAMES = (

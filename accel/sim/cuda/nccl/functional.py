@@ -38,7 +38,7 @@ _PENDING_KEPT = 4096
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
-    return unwrap(tensor).untyped_storage()._cdata
+    return torch_internals.storage_key(unwrap(tensor))
 
 
 def _issued(out: torch.Tensor, work: Any) -> torch.Tensor:

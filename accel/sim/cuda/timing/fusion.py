@@ -65,7 +65,7 @@ def inside() -> bool:
 
 def _key(tensor: torch.Tensor) -> int:
     inner = getattr(tensor, "_inner", tensor)  # a region's own results are the simulated tensors
-    return inner.untyped_storage()._cdata
+    return torch_internals.storage_key(inner)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
