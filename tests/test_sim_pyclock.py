@@ -62,6 +62,27 @@ def test_each_clock_reads_its_real_start_plus_the_simulated_host(gpu_clock):
     assert time.perf_counter() - before["perf_counter"] == pytest.approx(2.5, abs=1e-6)
 
 
+def test_a_clock_called_from_c_with_no_python_caller_reads_simulated_time(gpu_clock, monkeypatch):
+    # C code calls it with no Python frame above (autograd's engine threads in torchtitan's backward): an
+    # exception there aborts the process ("terminate called without an active exception")
+    import _thread
+    import sys
+    import threading
+
+    raised, done = [], threading.Event()
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: raised.append(unraisable.exc_value))
+    gpu_clock.host += 2.5
+    expected = time.perf_counter()
+    _thread.start_new_thread(lambda: (time.perf_counter, done.set()), ())  # a thread is up: the C start works
+    done.wait(5)
+    _thread.start_new_thread(time.perf_counter, ())  # the replacement itself is the thread's first frame
+    deadline = real_time.monotonic() + 1
+    while not raised and real_time.monotonic() < deadline:
+        real_time.perf_counter()
+    assert raised == []
+    assert time.perf_counter() == pytest.approx(expected)
+
+
 def test_simulated_time_never_runs_backwards(gpu_clock, monkeypatch):
     gpu_clock.host += 1.0
     first = time.monotonic()
