@@ -84,3 +84,27 @@ def test_device_type_tests_are_made_for_cpu_and_cuda_only(rank, world_size):
         unittest.defaultTestLoader.loadTestsFromTestCase(scope["TestOnDevicesCUDA"])
     )
     assert result.wasSuccessful() and result.testsRun == 1, (result.errors, result.failures)
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_gpus_of_a_node_are_each_others_peers_as_on_a_gpu_node(rank, world_size):
+    from torch.testing._internal.common_utils import requires_cuda_p2p_access
+
+    count = torch.cuda.device_count()
+    assert all(torch.cuda.can_device_access_peer(rank, peer) == (peer != rank) for peer in range(count))
+    try:
+        torch.cuda.can_device_access_peer(rank, count)
+    except AssertionError as error:  # torch's own argument check, before the entry point
+        assert "peer device" in str(error)
+    else:
+        raise AssertionError("a GPU the node does not have was called a peer")
+
+    @requires_cuda_p2p_access()
+    class NeedsPeers(unittest.TestCase):
+        def test_p2p(self):
+            pass
+
+    result = unittest.TextTestRunner(stream=io.StringIO()).run(
+        unittest.defaultTestLoader.loadTestsFromTestCase(NeedsPeers)
+    )
+    assert result.testsRun == 1 and not result.skipped, result.skipped

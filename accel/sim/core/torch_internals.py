@@ -1794,13 +1794,16 @@ def serve_parallel_copies(functions: dict[str, Any]) -> None:
 #: `torch._C`'s CUDA entry points that torch's Python calls directly, not through `torch.cuda`'s functions:
 #: `torch.cuda._set_stream_by_id` and the test helper `CudaNonDefaultStream` (every CUDA device-type
 #: test of PyTorch's suites) set streams and devices through them, `torch.cuda._sleep` keeps a stream busy,
-#: the memory-leak check clears cuBLAS workspaces. A CPU build lacks them, a CUDA build's ask the driver.
+#: the memory-leak check clears cuBLAS workspaces, `can_device_access_peer` asks about peer access,
+#: `torch.cuda.graph` empties the pinned-memory cache. A CPU build lacks them, a CUDA build's ask the driver.
 #: Checked by tests/test_sim_cuda_internals.py, which reads torch's sources for each name.
 CUDA_ENTRY_POINTS = {
     "_cuda_setStream": "cuda/__init__.py",
     "_cuda_setDevice": "testing/_internal/common_utils.py",
     "_cuda_getDevice": "cuda/__init__.py",
     "_cuda_sleep": "cuda/__init__.py",
+    "_cuda_canDeviceAccessPeer": "cuda/__init__.py",
+    "_host_emptyCache": "cuda/graphs.py",
     "_cuda_clearCublasWorkspaces": "testing/_internal/common_utils.py",
 }
 

@@ -69,6 +69,7 @@ from accel.sim.cuda.torch_cuda import accelerator as cuda_accelerator
 from accel.sim.cuda.torch_cuda import determinism
 from accel.sim.cuda.torch_cuda import entry_points as cuda_entry_points
 from accel.sim.cuda.torch_cuda import extensions as cuda_extensions
+from accel.sim.cuda.torch_cuda import graphs as cuda_graphs
 from accel.sim.cuda.torch_cuda import profiler as cuda_profiler
 from accel.sim.cuda.torch_cuda import properties as cuda_properties
 from accel.sim.cuda.torch_cuda.streams import Event, Stream, current_stream, set_stream, stream_context
@@ -134,6 +135,7 @@ def _lazy_init(*args: Any, **kwargs: Any) -> None:
 def _synchronize(device: Any = None) -> None:
     """`torch.cuda.synchronize`: CUDA starts; on the clock, the host waits for every stream of the GPU."""
     _lazy_init()
+    cuda_graphs.refuse_wait_while_capturing()
     timing.synchronize(_index(device))
 
 
@@ -223,9 +225,8 @@ def _patches() -> dict[str, Any]:
         "default_stream": lambda device=None: Stream(device, _sim_id=0),
         "set_stream": set_stream,
         "stream": stream_context,
-        # no CUDA graph is ever being captured (Dynamo asks before it traces, SyncBatchNorm before it syncs);
-        # a CUDA build's own would ask the real driver, a CPU build's raises
-        "is_current_stream_capturing": lambda: False,
+        # CUDA graphs: a CUDA build's would ask the real driver, a CPU build's refuse
+        **cuda_graphs.patches(),
         "set_sync_debug_mode": sync_debug.set_sync_debug_mode,
         "get_sync_debug_mode": sync_debug.get_sync_debug_mode,
         "get_rng_state": lambda device="cuda": _generator(device).get_state(),
@@ -411,6 +412,7 @@ def _register_torch_functions() -> None:
     cuda_entry_points.install()  # torch._C's CUDA entry points torch's Python calls directly
     cuda_profiler.install()  # NVTX, cudart's profiler calls: as with no profiling tool attached
     cuda_extensions.install()  # JIT-built CUDA extensions: stand-ins in torch ops, or refused at once
+    cuda_graphs.install()  # CUDA graphs: captures record ops, replays run them again
     torch.version.cuda = CUDA_VERSION  # a CPU build says None
 
 

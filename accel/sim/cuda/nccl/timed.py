@@ -74,12 +74,15 @@ def group_ranks(group: Any) -> list[int] | int:
     return ranks
 
 
+#: while a CUDA graph is captured, each collective is issued through it (`torch_cuda.graphs`), which records it
+captures: list[Callable[[Callable[..., Any], tuple, dict], Any]] = []
+
+
 def timed(name: str, size: Callable[..., int]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A collective method of the group, on the clock: `size(*args)` is its buffer as nccl-tests counts it."""
 
     def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(method)
-        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def issue(self: Any, *args: Any, **kwargs: Any) -> Any:
             work = method(self, *args, **kwargs)
             if not timing.running:
                 return work
@@ -87,6 +90,12 @@ def timed(name: str, size: Callable[..., int]) -> Callable[[Callable[..., Any]],
             index = index if index is not None else (self.gpu or 0)
             end = timing.collective(name, size(self, *args), group_ranks(self), id(self), index)
             return TimedWork(work, index, end)
+
+        @functools.wraps(method)
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if captures:
+                return captures[0](functools.partial(issue, self), args, kwargs)
+            return issue(self, *args, **kwargs)
 
         return run
 

@@ -44,8 +44,15 @@ def get_sync_debug_mode() -> int:
 on_wait: list[Callable[[], None]] = []
 
 
+#: called before the host waits for the GPU: filled while a CUDA graph is captured, which refuses it
+#: (`torch_cuda.graphs`)
+before_wait: list[Callable[[], None]] = []
+
+
 def synchronizing(stacklevel: int = 3) -> None:
     """The host waits for the GPU here: warn or raise as the mode asks (nothing when it is off)."""
+    for check in before_wait:
+        check()
     mode = _mode[0]
     if mode == 1:
         warnings.warn(MESSAGE, UserWarning, stacklevel=stacklevel)
@@ -62,7 +69,8 @@ def waiting() -> None:
 
 def blocking_copy(kwargs: dict, args: tuple = (), position: int = 2) -> None:
     """A copy between host and GPU: it makes the host wait unless it is asked not to block."""
-    if _mode[0] and not (args[position] if len(args) > position else kwargs.get("non_blocking", False)):
+    blocks = not (args[position] if len(args) > position else kwargs.get("non_blocking", False))
+    if (_mode[0] or before_wait) and blocks:
         synchronizing()
 
 
@@ -97,7 +105,7 @@ def checks() -> dict[Any, Any]:
 
     def check(condition: Any) -> Any:
         def run(args: tuple, kwargs: dict) -> None:
-            if (_mode[0] or on_wait) and (condition is None or condition(args, kwargs)):
+            if (_mode[0] or on_wait or before_wait) and (condition is None or condition(args, kwargs)):
                 waiting()
 
         return run

@@ -3,7 +3,10 @@
 Most of `torch.cuda` is patched at its Python functions (`fake`), but some callers go one level
 lower: `torch.cuda._set_stream_by_id` and PyTorch's test helper `CudaNonDefaultStream` (which wraps
 every CUDA device-type test) call `_cuda_setStream` and `_cuda_setDevice`; `torch.cuda._sleep` calls
-`_cuda_sleep` to keep a stream busy; the tests' memory-leak check clears cuBLAS workspaces. A CPU
+`_cuda_sleep` to keep a stream busy; the tests' memory-leak check clears cuBLAS workspaces;
+`torch.cuda.can_device_access_peer` (PyTorch's `requires_cuda_p2p_access`, Inductor's estimate of
+NVLink) asks `_cuda_canDeviceAccessPeer`; `torch.cuda.graph` empties the pinned-memory cache
+(`_host_emptyCache`) before it captures. A CPU
 build of torch has none of them and a CUDA build's would ask the real driver.
 
 Work on a simulated GPU is finished when it is issued, so a stream kept busy by `_sleep` is free
@@ -43,6 +46,12 @@ def sleep(cycles: int) -> None:
         raise RuntimeError(f"cycles must be non-negative, got {cycles}")
 
 
+def can_access_peer(device: int, peer: int) -> bool:
+    """`torch._C._cuda_canDeviceAccessPeer`: GPUs of one node reach each other's memory (NVLink or PCIe peer
+    access, as on the data-centre nodes simulated); a GPU is not its own peer, as cudaDeviceCanAccessPeer says."""
+    return int(device) != int(peer)
+
+
 def answers() -> dict[str, Any]:
     """Each entry point of `torch_internals.CUDA_ENTRY_POINTS` -> its simulated-GPU answer."""
     return {
@@ -50,6 +59,8 @@ def answers() -> dict[str, Any]:
         "_cuda_setDevice": lambda device: torch.cuda.set_device(device),
         "_cuda_getDevice": lambda: torch.cuda.current_device(),
         "_cuda_sleep": sleep,
+        "_cuda_canDeviceAccessPeer": can_access_peer,
+        "_host_emptyCache": lambda: None,  # pinned memory here is host memory marked pinned: no cache to empty
         "_cuda_clearCublasWorkspaces": blas.clear,
     }
 
