@@ -256,3 +256,24 @@ def test_torchs_python_still_calls_the_cuda_entry_points_simulated_gpus_serve():
         )
     with pytest.raises(ValueError, match="_cuda_unknown"):
         torch_internals.serve_cuda_entry_points({"_cuda_unknown": print})
+
+
+def test_a_python_custom_ops_functions_are_found_by_device():
+    name = "accel_internals_test::twice"
+    if torch_internals.python_custom_op_kernel(torch.ops.aten.add.Tensor, "cuda") is not None:
+        raise AssertionError("an aten op was taken for an op written in Python")
+
+    @torch.library.custom_op(name, mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @twice.register_kernel("cuda")
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    op = torch.ops.accel_internals_test.twice.default
+    assert torch_internals.python_custom_op_kernel(op, "cuda")(torch.ones(1)).item() == 3.0, (
+        "torch no longer keeps custom ops' kernels in torch._library.custom_ops.OPDEFS[...]._backend_fns: adapt "
+        "torch_internals.python_custom_op_kernel"
+    )
+    assert torch_internals.python_custom_op_kernel(op, "xla")(torch.ones(1)).item() == 2.0

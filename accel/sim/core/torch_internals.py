@@ -1152,6 +1152,25 @@ def is_composite(func: Any) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
 
 
+INTERNALS["torch._library.custom_ops.OPDEFS"] = (
+    "an op written in Python (torch.library.custom_op) runs its own function on simulated tensors, as on the device"
+)
+
+
+def python_custom_op_kernel(func: Any, device_type: str) -> Callable[..., Any] | None:
+    """The Python function a `torch.library.custom_op` runs on `device_type` tensors (its kernel for that device,
+    else its default one); None for other ops. Private: torch keeps a custom op's functions in
+    `torch._library.custom_ops.OPDEFS` (qualified name -> CustomOpDef, `_backend_fns` by device type) and
+    offers no public way to ask which function would run."""
+    from torch._library import custom_ops
+
+    opdef = custom_ops.OPDEFS.get(func._schema.name)
+    if opdef is None:
+        return None
+    kernels = opdef._backend_fns
+    return kernels.get(device_type) or kernels.get(None)
+
+
 def group_device_types(group: Any) -> list[torch.device]:
     """The device types `group` (None: the default group) has a backend for."""
     from torch.distributed.distributed_c10d import _get_default_group

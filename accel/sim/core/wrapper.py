@@ -362,6 +362,8 @@ def _facts(cls: type[WrapperTensor], func: Any) -> tuple[Any, bool, bool, bool, 
             # ops come here whole; the real device runs their decomposition, so do we (`to.device`
             # would otherwise copy the inner CPU tensor to the hidden device: a wrapper in a wrapper).
             special = functools.partial(_decompose, func)
+        if special is None:
+            special = _python_custom_op(cls, func)
         facts = (special, _SEEDED in func.tags, tracks, reshapes, func.is_view)
         setattr(func, cls._facts_key, facts)
     return facts
@@ -369,6 +371,15 @@ def _facts(cls: type[WrapperTensor], func: Any) -> tuple[Any, bool, bool, bool, 
 
 def _decompose(func: Any, args: tuple, kwargs: dict) -> Any:
     return func.decompose(*args, **kwargs)
+
+
+def _python_custom_op(cls: type[WrapperTensor], func: Any) -> Callable[[tuple, dict], Any] | None:
+    """An op written in Python (`torch.library.custom_op`) runs its function on the device's tensors, as on the
+    device: what it asks of them (`is_cuda`) and the ops it calls (device-only kernels) are the device's."""
+    kernel = torch_internals.python_custom_op_kernel(func, cls._sim.type)
+    if kernel is None:
+        return None
+    return lambda args, kwargs: kernel(*args, **kwargs)
 
 
 def _inner_of(cls: type[WrapperTensor], value: Any) -> Any:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from accel.sim.cuda.attention import backends, kernels
+from accel.sim.cuda.attention import backends, kernels, varlen
 from accel.sim.cuda.gpus import state as cuda_state
 from accel.sim.cuda.memory import allocator as cuda_memory
 from accel.sim.cuda.tensors import cuda_tensor
@@ -200,6 +200,7 @@ def handlers() -> dict[Any, Any]:
         aten._scaled_dot_product_flash_attention.default: kernels.flash_forward,
         aten._scaled_dot_product_efficient_attention.default: kernels.efficient_forward,
         aten._scaled_dot_product_cudnn_attention.default: kernels.cudnn_forward,
+        aten._flash_attention_forward.default: varlen.flash_forward,  # varlen_attn, FlashAttention's own op
     }
     return {
         aten.scaled_dot_product_attention.default: lambda args, kwargs: route(*args, **kwargs),
@@ -207,6 +208,7 @@ def handlers() -> dict[Any, Any]:
         aten._scaled_dot_product_flash_attention_backward.default: kernels.flash_backward,
         aten._scaled_dot_product_efficient_attention_backward.default: kernels.efficient_backward,
         aten._scaled_dot_product_cudnn_attention_backward.default: kernels.cudnn_backward,
+        aten._flash_attention_backward.default: varlen.flash_backward,
     }
 
 
