@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.flop_counter import flop_registry
 
 from accel.sim.cuda.gpus.cards import GpuModel
 
@@ -54,13 +53,26 @@ _CONVS = {aten.convolution, aten._convolution, aten.cudnn_convolution, aten.conv
 _COLLECTIVE_NAMESPACES = {"_c10d_functional", "c10d", "_dtensor"}
 
 
+_flop_registry: list[dict] = []
+
+
+def _flop_formulas() -> dict:
+    """torch's table of FLOP formulas, imported at the first op timed: `torch.utils.flop_counter` imports Triton,
+    0.2 s that every simulated process (PyTorch's tests spawn one per rank per test) would pay at start."""
+    if not _flop_registry:
+        from torch.utils.flop_counter import flop_registry
+
+        _flop_registry.append(flop_registry)
+    return _flop_registry[0]
+
+
 def kind_of(func: Any) -> str | None:
     """What kind of kernel op `func` launches: "matmul", "conv", "memory", or an attention backend's
     ("flash", "efficient", "cudnn", with "_backward" for its backward); None when it launches none."""
     if func.is_view or func in _NO_KERNEL or func.namespace in _COLLECTIVE_NAMESPACES:
         return None
     packet = func._overloadpacket
-    if packet not in flop_registry:
+    if packet not in _flop_formulas():
         return "memory"
     if packet in _MATMULS:
         return "matmul"
@@ -110,7 +122,7 @@ def moved_bytes(args: Any, out: Any) -> int:
 
 def flops(func: Any, args: Any, kwargs: dict, out: Any) -> int:
     """torch's FLOP count of one call of `func` (0 for ops torch counts none for)."""
-    formula = flop_registry.get(func._overloadpacket)
+    formula = _flop_formulas().get(func._overloadpacket)
     if formula is None:
         return 0
     return int(formula(*args, **kwargs, out_val=out))
