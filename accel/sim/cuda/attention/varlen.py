@@ -108,8 +108,8 @@ def flash_forward(args: tuple, kwargs: dict) -> tuple:
 
 def _forward_host(q: Any, k: Any, v: Any, cq: Any, ck: Any, used: Any, how: dict, packed: bool) -> tuple:
     if not packed:  # (B, L, H, D): each batch row is a sequence
-        rows = [_forward_host(q[b], k[b], v[b], None, None, None, how, True) for b in range(q.shape[0])]
-        outs, lses = zip(*rows, strict=True)
+        per_row = [_forward_host(q[b], k[b], v[b], None, None, None, how, True) for b in range(q.shape[0])]
+        outs, lses = zip(*per_row, strict=True)
         return torch.stack(outs), torch.stack(lses)
     out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=_FP32, device=q.device)
