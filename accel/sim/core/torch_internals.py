@@ -1152,6 +1152,19 @@ def is_composite(func: Any) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
 
 
+INTERNALS["torch._decomp.decomposition_table"] = (
+    "CUDA-only ops without a host kernel (the fused RMSNorm's backward) compute what torch's decomposition computes"
+)
+
+
+def decomposition(func: Any) -> Callable[..., Any]:
+    """torch's Python decomposition of aten op `func`. Private: `torch._decomp.decomposition_table` is where
+    torch keeps them (Inductor and export read it there); no public accessor."""
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[func]
+
+
 INTERNALS["torch._library.custom_ops.OPDEFS"] = (
     "an op written in Python (torch.library.custom_op) runs its own function on simulated tensors, as on the device"
 )

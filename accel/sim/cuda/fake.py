@@ -54,6 +54,7 @@ from accel.sim.cuda.kernels import autocast as cuda_autocast
 from accel.sim.cuda.kernels import batch_norm as norm_kernels
 from accel.sim.cuda.kernels import blas as cuda_blas
 from accel.sim.cuda.kernels import host_arguments
+from accel.sim.cuda.kernels import rms_norm as rms_norm_kernels
 from accel.sim.cuda.kernels import rnn as rnn_kernels
 from accel.sim.cuda.memory import allocator as cuda_memory
 from accel.sim.cuda.nccl import functional as cuda_functional
@@ -386,6 +387,7 @@ def _register_kernels() -> None:
             **cuda_attention.handlers(),
             **cuda_blas.handlers(),
             **norm_kernels.handlers(),  # SyncBatchNorm's CUDA-only ops
+            **rms_norm_kernels.handlers(),  # RMSNorm's fused kernel, which CUDA devices take
             **rnn_kernels.handlers(),  # the fused LSTM and GRU cells
             **host_arguments.handlers(),  # packed sequences' and CTC's lengths on the host
         }
@@ -393,6 +395,7 @@ def _register_kernels() -> None:
     for checks in (sync_debug.checks(), determinism.checks()):  # waits for the GPU; nondeterministic kernels
         cuda_tensor.add_special(_checked_first(checks))
     cuda_attention.install()
+    rms_norm_kernels.install()
     host_arguments.install()
     sim_compile.install(
         (cuda_tensor.SimCudaTensor,), cuda_memory.pause, cuda_memory.resume, _compiled_buffers_runtime()
