@@ -13,6 +13,8 @@ from pathlib import Path
 import accelerate
 import pytest
 
+pytestmark = pytest.mark.frameworks  # Accelerate's own scripts, each launched whole: make test-frameworks runs it
+
 SCRIPTS = Path(accelerate.__file__).resolve().parent / "test_utils" / "scripts"
 HELPERS = Path(__file__).resolve().parent / "programs" / "accel_test_utils.py"
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes  # the probe is a whole `accel launch` (minutes): make test-frameworks runs it
+
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "programs" / "gpu_probe.py"
 REAL = json.loads((HERE / "data" / "gpu_probe_h200_real.json").read_text())

@@ -17,6 +17,8 @@ import pytest
 
 from accel.commands import cli
 
+pytestmark = pytest.mark.processes  # each test is a whole `accel launch` process: make test-frameworks runs it
+
 ACCEL = str(Path(sys.executable).with_name("accel"))
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "train_resumable.py")
 

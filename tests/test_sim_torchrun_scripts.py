@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes  # each test is a whole `accel launch` or torchrun: make test-frameworks runs it
+
 ACCEL = str(Path(sys.executable).with_name("accel"))
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "plain_ddp.py")
 LINE = re.compile(r"rank (\d)/2 backend=(\S+) device=(\S+) mean_loss=(\S+) checksum=(\S+)")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes  # each test is a whole `accel launch --simulate xla`: make test-frameworks runs it
+
 ACCEL = str(Path(sys.executable).with_name("accel"))
 
 SCRIPT = """

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.processes  # each test is a whole `accel launch --simulate xla`: make test-frameworks runs it
+
 LAUNCH = [sys.executable, "-m", "accel.commands.cli", "launch", "--simulate", "xla", "--num_processes"]
 
 #: torch_xla's multi-process training, as in its docs (torch_xla.launch, torch_xla.device, MpDeviceLoader,
