@@ -110,14 +110,15 @@ def test_two_ranks_on_one_gpu_fail_as_nccl_does(rank, world_size):
 
 
 @distributed_test(world_size=SIZES, device="cuda")
-def test_barrier_and_object_collectives_bind_the_current_gpu(rank, world_size):
+def test_object_collectives_bind_the_current_gpu(rank, world_size):
     import torch.distributed as dist
 
     dist.init_process_group("nccl")
     torch.cuda.set_device(0)
-    # with no tensor to name a GPU, the barrier uses the current one: GPU 0 on every rank
+    # torch puts the pickled objects on the current GPU: GPU 0 on every rank (a barrier guesses the rank's GPU,
+    # test_sim_nccl_semantics.py)
     with pytest.raises(dist.DistBackendError, match="Duplicate GPU detected"):
-        dist.barrier()
+        dist.broadcast_object_list([rank], src=0)
 
 
 @distributed_test(world_size=SIZES, device="cuda")

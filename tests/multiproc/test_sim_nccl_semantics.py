@@ -625,3 +625,23 @@ def test_device_mesh_of_a_bound_group_splits(rank, world_size):
         t = torch.full((1,), float(rank), device=here)
         dist.all_reduce(t, group=group)
         assert t.item() == sum(members)
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_a_barrier_before_any_gpu_is_known_takes_the_ranks_gpu_as_nccl_guesses_it(rank, world_size):
+    """ProcessGroupNCCL's barrier with no device given, bound or used: GPU (global rank % GPUs on the node), with
+    its warning, whatever GPU is current (PyTorch's MultiProcContinuousTest workers never set one)."""
+    import contextlib
+    import io
+
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)  # as a process starts
+    dist.init_process_group("nccl")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        dist.barrier()  # every rank on cuda:0 would be NCCL's "Duplicate GPU detected"
+    assert f"using GPU {rank % torch.cuda.device_count()} as device used by this process is currently unknown" in (
+        err.getvalue()
+    )
+    assert torch.cuda.current_device() == 0

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -500,9 +501,17 @@ class SimNcclGroup(CarriedGroup):
         self.bound_device_id = None  # type: ignore[assignment]  # torch's setter takes None (no device)
 
     def _guess_gpu(self) -> int:
-        # As ProcessGroupNCCL for a collective without tensors (barrier): the GPU already
-        # used, else the current one.
-        return self.gpu if self.gpu is not None else torch.cuda.current_device()
+        # As ProcessGroupNCCL for a collective without tensors (barrier): the GPU bound or already used,
+        # else the global rank's GPU among the node's (guessDeviceForRank), with its warning.
+        if self.gpu is not None:
+            return self.gpu
+        index = dist.get_rank() % torch.cuda.device_count()
+        sys.stderr.write(
+            f"[rank{dist.get_rank()}]:[W] ProcessGroupNCCL.cpp] using GPU {index} as device used by this process is "
+            "currently unknown. This can potentially cause a hang if this rank to GPU mapping is incorrect. You can "
+            "specify device_id in init_process_group() to force use of a particular device.\n"
+        )
+        return index
 
     def _check_distinct(self, index: int) -> None:
         if getattr(self._gloo, "alone", False):
@@ -856,8 +865,8 @@ class SimNcclGroup(CarriedGroup):
         return _GroupWork(works)
 
     def barrier(self, opts: Any = None) -> Any:
-        # NCCL's barrier is an all-reduce on a GPU: the first of `device_ids`, else the
-        # communicator's, else the current one (see torch.distributed.barrier).
+        # NCCL's barrier is an all-reduce on a GPU: the first of `device_ids`, else the one the group
+        # knows, else the rank's guess (`_guess_gpu`)
         ids = list(getattr(opts, "device_ids", None) or [])
         index = ids[0] if ids else self._guess_gpu()
         self._bind([torch.empty(0, device=torch.device("cuda", index))])
