@@ -505,3 +505,17 @@ def test_a_block_mask_made_by_compiled_create_block_mask_is_the_eager_one(rank):
                     assert got == expected
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
         close(attend(q, k, v, block_mask=compiled).cpu(), expected.cpu(), rtol=1e-4, atol=1e-5)
+
+
+@distributed_test(world_size=[2, 4], device="cuda")
+def test_torch_export_traces_a_model_on_simulated_gpus_taking_no_memory(rank, world_size):
+    """torch.export traces on fake tensors, as Dynamo does: no GPU memory, no cuBLAS workspace, no kernel; the
+    exported program then runs on the GPU as the model does."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).cuda()
+    x = torch.randn(3, 8, device="cuda")
+    before = torch.cuda.memory_allocated()
+    program = torch.export.export(model, (x,))
+    assert torch.cuda.memory_allocated() == before
+    torch.testing.assert_close(program.module()(x), model(x))

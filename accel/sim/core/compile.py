@@ -62,6 +62,26 @@ def install(
         _models_inductor.append(True)
     inductor = compiled_buffers.backend(wrapper_classes[0], buffers) if buffers is not None else EAGER_BACKEND
     torch.compile = _eager_compile(torch.compile, inductor)  # same call, simulated ranks only
+    torch.export.export = _tracing_export(torch.export.export, pause, resume)  # simulated ranks only
+
+
+def _tracing_export(original: Callable[..., Any], pause: Callable[[], None], resume: Callable[[], None]) -> Any:
+    """`torch.export.export` as Dynamo's compiles: it traces on fake tensors (strict or not), which take no GPU
+    memory and launch no kernel (the pipelining API exports each model it splits)."""
+
+    @functools.wraps(original)
+    def export(*args: Any, **kwargs: Any) -> Any:
+        if wrapper.is_tracing():
+            return original(*args, **kwargs)
+        wrapper.tracing(True)
+        pause()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            wrapper.tracing(False)
+            resume()
+
+    return export
 
 
 def _on_inner(cls: type[wrapper.WrapperTensor], op: Any, *args: Any, **kwargs: Any) -> Any:

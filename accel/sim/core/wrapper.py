@@ -628,6 +628,10 @@ def tracing(active: bool) -> None:
     _tracing[:] = [True] if active else []
 
 
+def is_tracing() -> bool:
+    return bool(_tracing)
+
+
 def _adopt_fakes(cls: type[WrapperTensor], values: Any) -> Any:
     # A factory traced by Dynamo (`torch.ones(n, device="cuda")`) gives a plain fake tensor
     # on the shown device, where the program's run gives a simulated one: seen as one of ours.

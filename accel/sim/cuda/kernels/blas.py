@@ -117,7 +117,9 @@ def _run(func: Any, args: tuple, kwargs: dict) -> Any:
     from accel.sim.cuda.tensors import cuda_tensor
 
     device = cuda_tensor.op_device(func, args, kwargs)  # a device mismatch fails first, as on a GPU
-    if device is not None and device.type == "cuda":
+    inner = getattr(args[0], "_inner", None) if args else None
+    traced = inner is not None and torch_internals.is_fake(inner)
+    if device is not None and device.type == "cuda" and not traced:  # tracing (torch.export) calls no cuBLAS
         ensure(device.index or 0, uses_cublaslt(func, args))
     return cuda_tensor.dispatch(func, args, kwargs, apart=False)
 

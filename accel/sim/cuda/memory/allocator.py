@@ -737,8 +737,8 @@ def track(inner: torch.Tensor, index: int, reserved: Block | None = None) -> Non
 
     `reserved` is the block `reserve` took for it. Raises out-of-memory if it cannot fit.
     """
-    if not _devices or inner.layout is not torch.strided:
-        return
+    if not _devices or inner.layout is not torch.strided or torch_internals.is_fake(inner):
+        return  # a fake tensor (torch.export and Dynamo trace on them) holds no GPU memory
     storage = inner.untyped_storage()
     key = storage._cdata
     memory = _devices[index]
@@ -781,8 +781,8 @@ def resize(storage: torch.UntypedStorage, nbytes: int) -> None:
 
 def follow(inner: torch.Tensor) -> None:
     """After an op resized `inner` in place (resize_, out=): count its storage's new size."""
-    if not _devices or inner.layout is not torch.strided:
-        return
+    if not _devices or inner.layout is not torch.strided or torch_internals.is_fake(inner):
+        return  # a fake tensor (torch.export and Dynamo trace on them) holds no GPU memory
     storage = inner.untyped_storage()
     resize(storage, storage.nbytes())
 
