@@ -645,3 +645,34 @@ def test_a_barrier_before_any_gpu_is_known_takes_the_ranks_gpu_as_nccl_guesses_i
         err.getvalue()
     )
     assert torch.cuda.current_device() == 0
+
+
+@distributed_test(world_size=SIZES, device="cuda")
+def test_nccl_debug_info_logs_each_collective_as_nccl_does(rank, world_size, tmp_path):
+    """NCCL_DEBUG=INFO with the COLL subsystem: one line per collective, with NCCL's counts, data types (float32
+    7, bfloat16 9) and reduction ops (sum 0, avg 4), in NCCL_DEBUG_FILE (%p: the process id)."""
+    import os
+    import re
+
+    import torch.distributed as dist
+
+    device = _nccl_group(rank)
+    os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,COLL", NCCL_DEBUG_FILE=str(tmp_path / "nccl.%p"))
+    try:
+        dist.all_reduce(torch.ones(10, device=device), op=dist.ReduceOp.AVG)
+        out = torch.empty(3, device=device)
+        dist.reduce_scatter_tensor(out, torch.ones(3 * world_size, device=device))
+        gathered = torch.empty(2 * world_size, device=device, dtype=torch.bfloat16)
+        dist.all_gather_into_tensor(gathered, torch.ones(2, device=device, dtype=torch.bfloat16))
+        os.environ["NCCL_DEBUG"] = "WARN"  # below INFO: nothing more is logged
+        dist.all_reduce(torch.ones(1, device=device))
+    finally:
+        for name in ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"):
+            os.environ.pop(name, None)
+    lines = (tmp_path / f"nccl.{os.getpid()}").read_text().splitlines()
+    line = r"\[{gpu}\] NCCL INFO {coll}: opCount {n} sendbuff 0x[0-9a-f]+ recvbuff 0x[0-9a-f]+ count {count} datatype {dt} op {op} root 0 comm 0x[0-9a-f]+ \[nranks={size}\]"  # noqa: E501
+    expected = [("AllReduce", 0, 10, 7, 4), ("ReduceScatter", 1, 3, 7, 0), ("AllGather", 2, 2, 9, 0)]
+    assert len(lines) == len(expected), lines
+    for text, (coll, n, count, dt, op) in zip(lines, expected, strict=True):
+        pattern = line.format(gpu=rank, coll=coll, n=n, count=count, dt=dt, op=op, size=world_size)
+        assert re.search(pattern, text), text

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from accel.sim.core import torch_internals
+from accel.sim.cuda.nccl import debug_log
 from accel.sim.cuda.timing import ops as timing
 
 
@@ -93,6 +94,9 @@ def timed(name: str, size: Callable[..., int]) -> Callable[[Callable[..., Any]],
 
         @functools.wraps(method)
         def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if debug_log.enabled():
+                gpu = _first_gpu(args)
+                debug_log.collective(self, method.__name__, args, gpu if gpu is not None else (self.gpu or 0))
             if captures:
                 return captures[0](functools.partial(issue, self), args, kwargs)
             return issue(self, *args, **kwargs)
