@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes  # each test is a whole `accel launch`: make test-frameworks runs it
+
 ACCEL = str(Path(sys.executable).with_name("accel"))
 
 SCRIPT = """

@@ -4,6 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes  # each test is a whole `accel launch`: make test-frameworks runs it
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_regression.py"
 
 
