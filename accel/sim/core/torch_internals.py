@@ -1152,6 +1152,17 @@ def is_composite(func: Any) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
 
 
+INTERNALS["torch._C._DisableAutocast"] = (
+    "a CUDA graph's replay runs its recorded ops as captured, not cast again by an autocast region around it"
+)
+
+
+def autocast_off() -> Any:
+    """A context in which no autocast casts ops (every device type). Private: torch's own guard, which
+    `torch.autocast(enabled=False)` offers for one device type only."""
+    return torch._C._DisableAutocast()
+
+
 INTERNALS["torch._decomp.decomposition_table"] = (
     "CUDA-only ops without a host kernel (the fused RMSNorm's backward) compute what torch's decomposition computes"
 )
@@ -1298,11 +1309,17 @@ def around_dynamo_compiles(start: Callable[[], None], end: Callable[[], None]) -
     after_import("torch._dynamo.callback", register)
 
 
+#: torch's FakeTensor class, imported at the first `is_fake` (the allocator asks for every new storage)
+_fake_class: list[type] = []
+
+
 def is_fake(tensor: torch.Tensor) -> bool:
     """Whether `tensor` is one of Dynamo's fake tensors (only while it traces)."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    if not _fake_class:
+        from torch._subclasses.fake_tensor import FakeTensor
 
-    return isinstance(tensor, FakeTensor)
+        _fake_class.append(FakeTensor)
+    return isinstance(tensor, _fake_class[0])
 
 
 INTERNALS["torch._dynamo.utils.run_node"] = (

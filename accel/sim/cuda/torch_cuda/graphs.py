@@ -175,7 +175,7 @@ class CUDAGraph:
         host = clock.host if clock is not None else 0.0
         allocator.pause()  # a replay allocates nothing: the tensors it makes anew are the pool's memory
         try:
-            with torch.no_grad(), torch._C._DisableAutocast():
+            with torch.no_grad(), torch_internals.autocast_off():
                 made: dict[int, torch.Tensor] = {}
                 for func, template, spec, outputs in self._steps:
                     if clock is not None:
@@ -248,7 +248,7 @@ class CUDAGraph:
     def _put_back(self) -> None:
         allocator.pause()
         try:
-            with torch.no_grad(), torch._C._DisableAutocast():
+            with torch.no_grad(), torch_internals.autocast_off():
                 for tensor, before in reversed(self._kept):
                     tensor.detach().copy_(before)
         finally:
