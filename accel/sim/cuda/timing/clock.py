@@ -112,6 +112,17 @@ class Clock:
         self.flops += flops
         return end
 
+    def gpu_state(self) -> tuple[dict, int, int]:
+        """What the GPUs have run so far (streams' ends, kernels, FLOPs), for `rewind_gpus`."""
+        return dict(self.free), len(self.spans), self.flops
+
+    def rewind_gpus(self, state: tuple[dict, int, int]) -> None:
+        """The GPUs back to `state`, the host's time kept: work issued since ran nowhere (a CUDA graph's capture)."""
+        free, spans, flops = state
+        self.free = free
+        del self.spans[spans:]
+        self.flops = flops
+
     def issue_only(self) -> None:
         """An op that launches no kernel: the host's cost alone."""
         self.host += HOST_VIEW_S

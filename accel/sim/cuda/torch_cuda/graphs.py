@@ -126,6 +126,7 @@ class CUDAGraph:
         self._made: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._refs: list[weakref.ref] = []
         self._recorder: _Recorder | None = None
+        self._clock_before: tuple[dict, int, int] | None = None  # the GPUs' clock as the capture began
         self._captured = False
         self._failed = False
         self._debug = False
@@ -144,7 +145,8 @@ class CUDAGraph:
             self._pool = tuple(pool)
         _active.append(self)
         sync_debug.before_wait.append(refuse_wait_while_capturing)
-        self._clock_before = _clock_state()
+        clock = timing_clock.current()
+        self._clock_before = clock.gpu_state() if clock is not None else None
         self._recorder = _Recorder(self)
         self._recorder.__enter__()
 
@@ -157,7 +159,9 @@ class CUDAGraph:
         _active.remove(self)
         sync_debug.before_wait.remove(refuse_wait_while_capturing)
         self._put_back()
-        _restore_clock(self._clock_before)
+        clock = timing_clock.current()
+        if clock is not None and self._clock_before is not None:
+            clock.rewind_gpus(self._clock_before)  # capturing records kernels, the GPU runs none of them
         if self._failed:
             self.reset()
             raise RuntimeError(INVALIDATED)
@@ -301,23 +305,6 @@ _NO_DRIVER = (
     "CUDAGraph.{} returns the CUDA driver's handle, which a simulated GPU does not have: "
     "code that edits or inspects the captured graph through the driver needs a real GPU"
 )
-
-
-def _clock_state() -> tuple[dict, int, int] | None:
-    clock = timing_clock.current()
-    if clock is None:
-        return None
-    return dict(clock.free), len(clock.spans), clock.flops
-
-
-def _restore_clock(state: tuple[dict, int, int] | None) -> None:
-    clock = timing_clock.current()
-    if clock is None or state is None:
-        return
-    free, spans, flops = state
-    clock.free = free
-    del clock.spans[spans:]
-    clock.flops = flops
 
 
 def graph_pool_handle() -> tuple[int, int]:
